@@ -1,0 +1,52 @@
+// Quantization modes and their options. Defaults are FORMATS.md section 2 (the contract).
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace microscale {
+
+enum class Mode { nvfp4, mxfp4, mxfp8, affine };
+// E8M0 scale rule of the mx modes (FORMATS.md 2.2): ceil = TE/cuBLAS (default), floor = OCP MX v1.0,
+// even = torchao EVEN / compressed-tensors, nearest = MLX 0.32.2 CPU.
+enum class ScaleRule { ceil, floor, even, nearest };
+// What a block holding NaN or +-Inf becomes (FORMATS.md 2.4).
+enum class NonFinite { propagate, error, saturate };
+// Scale storage: row-major [rows, K/group], or cuBLAS's 128x4 block-scaling tiles (FORMATS.md 4).
+enum class Layout { compact, swizzled };
+// Element format of mxfp8.
+enum class Elem { e4m3, e5m2 };
+
+struct QuantSpec {
+  Mode mode = Mode::nvfp4;
+  int group_size = 0;  // 0: the mode's default (nvfp4 16, mx 32, affine 64)
+  int bits = 0;        // 0: the mode's default (fp4 4, mxfp8 8, affine 4)
+  ScaleRule scale_rule = ScaleRule::ceil;
+  NonFinite nonfinite = NonFinite::propagate;
+  Layout layout = Layout::compact;
+  Elem elem = Elem::e4m3;
+  // nvfp4 only: the tensor's amax as float32 (not an encode or decode factor). Present means
+  // three-level NVFP4; must be finite and >= 0.
+  std::optional<float> global_scale;
+};
+
+// Fills in default group_size and bits and checks every field against the mode; throws Error
+// with the reason otherwise.
+QuantSpec resolve(const QuantSpec& spec);
+
+Mode mode_from_name(const std::string& s);
+ScaleRule scale_rule_from_name(const std::string& s);
+NonFinite nonfinite_from_name(const std::string& s);
+Layout layout_from_name(const std::string& s);
+Elem elem_from_name(const std::string& s);
+const char* name(Mode m);
+const char* name(ScaleRule r);
+const char* name(NonFinite n);
+const char* name(Layout l);
+const char* name(Elem e);
+
+// Storage cost in bits per value, scales (and affine biases in `scale_bits`-wide floats) included;
+// the 32-bit global scale is per tensor and not counted.
+double bits_per_value(const QuantSpec& resolved, int scale_bits = 16);
+
+}  // namespace microscale

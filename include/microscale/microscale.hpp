@@ -1,0 +1,8 @@
+// Umbrella header: everything the public C++ API offers.
+#pragma once
+
+#include "microscale/codecs.hpp"
+#include "microscale/dtype.hpp"
+#include "microscale/format.hpp"
+#include "microscale/quantize.hpp"
+#include "microscale/tensor.hpp"

@@ -1,0 +1,116 @@
+#include "microscale/format.hpp"
+
+#include <cmath>
+
+#include "microscale/dtype.hpp"
+
+namespace microscale {
+namespace {
+
+template <class E, std::size_t N>
+E parse(const std::string& s, const E (&all)[N], const char* what) {
+  std::string options;
+  for (E e : all) {
+    if (s == name(e)) return e;
+    options += options.empty() ? "" : ", ";
+    options += name(e);
+  }
+  throw Error(std::string("unknown ") + what + " '" + s + "' (expected one of " + options + ")");
+}
+
+}  // namespace
+
+const char* name(Mode m) {
+  switch (m) {
+    case Mode::nvfp4: return "nvfp4";
+    case Mode::mxfp4: return "mxfp4";
+    case Mode::mxfp8: return "mxfp8";
+    case Mode::affine: return "affine";
+  }
+  return "?";
+}
+const char* name(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::ceil: return "ceil";
+    case ScaleRule::floor: return "floor";
+    case ScaleRule::even: return "even";
+    case ScaleRule::nearest: return "nearest";
+  }
+  return "?";
+}
+const char* name(NonFinite n) {
+  switch (n) {
+    case NonFinite::propagate: return "propagate";
+    case NonFinite::error: return "error";
+    case NonFinite::saturate: return "saturate";
+  }
+  return "?";
+}
+const char* name(Layout l) { return l == Layout::compact ? "compact" : "swizzled"; }
+const char* name(Elem e) { return e == Elem::e4m3 ? "e4m3" : "e5m2"; }
+
+Mode mode_from_name(const std::string& s) {
+  static constexpr Mode all[] = {Mode::nvfp4, Mode::mxfp4, Mode::mxfp8, Mode::affine};
+  return parse(s, all, "mode");
+}
+ScaleRule scale_rule_from_name(const std::string& s) {
+  static constexpr ScaleRule all[] = {ScaleRule::ceil, ScaleRule::floor, ScaleRule::even,
+                                      ScaleRule::nearest};
+  return parse(s, all, "scale_rule");
+}
+NonFinite nonfinite_from_name(const std::string& s) {
+  static constexpr NonFinite all[] = {NonFinite::propagate, NonFinite::error, NonFinite::saturate};
+  return parse(s, all, "nonfinite policy");
+}
+Layout layout_from_name(const std::string& s) {
+  static constexpr Layout all[] = {Layout::compact, Layout::swizzled};
+  return parse(s, all, "layout");
+}
+Elem elem_from_name(const std::string& s) {
+  static constexpr Elem all[] = {Elem::e4m3, Elem::e5m2};
+  return parse(s, all, "elem");
+}
+
+QuantSpec resolve(const QuantSpec& spec) {
+  QuantSpec r = spec;
+  const std::string mode = name(spec.mode);
+  auto require = [&](bool ok, const std::string& msg) {
+    if (!ok) throw Error(mode + ": " + msg);
+  };
+  const bool fp = spec.mode != Mode::affine;
+  const int default_group = spec.mode == Mode::nvfp4 ? 16 : fp ? 32 : 64;
+  const int default_bits = spec.mode == Mode::mxfp8 ? 8 : 4;
+  if (r.group_size == 0) r.group_size = default_group;
+  if (r.bits == 0) r.bits = default_bits;
+  if (fp) {
+    require(r.group_size == default_group,
+            "group_size " + std::to_string(r.group_size) + " is not supported (only " +
+                std::to_string(default_group) + ")");
+    require(r.bits == default_bits, "bits " + std::to_string(r.bits) + " is not supported (only " +
+                                        std::to_string(default_bits) + ")");
+  } else {
+    require(r.group_size == 32 || r.group_size == 64 || r.group_size == 128,
+            "group_size " + std::to_string(r.group_size) + " is not supported (32, 64 or 128)");
+    require(r.bits == 2 || r.bits == 3 || r.bits == 4 || r.bits == 5 || r.bits == 6 || r.bits == 8,
+            "bits " + std::to_string(r.bits) + " is not supported (2, 3, 4, 5, 6 or 8)");
+    require(r.layout == Layout::compact,
+            "the swizzled scale layout is for fp modes only (affine scales are floats)");
+  }
+  require(r.elem == Elem::e4m3 || r.mode == Mode::mxfp8, "elem is an mxfp8 option");
+  if (r.global_scale) {
+    require(r.mode == Mode::nvfp4, "global_scale is only supported by nvfp4");
+    const float g = *r.global_scale;
+    require(!std::isnan(g), "global_scale is NaN");
+    require(!std::isinf(g), "global_scale is infinite");
+    require(g >= 0.0f, "global_scale must be >= 0 (it is the tensor amax), got " + std::to_string(g));
+  }
+  return r;
+}
+
+double bits_per_value(const QuantSpec& resolved, int scale_bits) {
+  const double g = resolved.group_size;
+  if (resolved.mode == Mode::affine) return resolved.bits + 2.0 * scale_bits / g;
+  return resolved.bits + 8.0 / g;
+}
+
+}  // namespace microscale

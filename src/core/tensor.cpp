@@ -1,0 +1,86 @@
+#include "microscale/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+
+namespace microscale {
+
+std::int64_t numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0) throw Error("negative dimension in shape " + shape_str(shape));
+    if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / d)
+      throw Error("shape " + shape_str(shape) + " has too many elements");
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  std::int64_t s = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+TensorView::TensorView(const void* d, DType t, Shape s, Shape st)
+    : data(d), dtype(t), shape(std::move(s)), strides(std::move(st)) {
+  if (strides.empty()) strides = contiguous_strides(shape);
+  if (strides.size() != shape.size())
+    throw Error("tensor view has " + std::to_string(strides.size()) + " strides for rank " +
+                std::to_string(shape.size()));
+  for (std::int64_t st_i : strides)
+    if (st_i < 0) throw Error("negative strides are not supported");
+  if (data == nullptr && microscale::numel(shape) != 0) throw Error("tensor view of null data");
+}
+
+bool TensorView::is_contiguous() const {
+  std::int64_t expect = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != expect) return false;
+    expect *= shape[i];
+  }
+  return true;
+}
+
+const std::byte* TensorView::at(const std::int64_t* index) const {
+  std::int64_t off = 0;
+  for (std::size_t i = 0; i < shape.size(); ++i) off += index[i] * strides[i];
+  return static_cast<const std::byte*>(data) + off * static_cast<std::int64_t>(dtype_size(dtype));
+}
+
+void Tensor::Free::operator()(std::byte* p) const { std::free(p); }
+
+Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+  const std::size_t n = nbytes();
+  const std::size_t padded = (n + 63) / 64 * 64 + 64;  // never zero, whole cache lines
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, padded));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, padded);
+  buf_ = std::shared_ptr<std::byte>(p, Free{});
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  if (microscale::numel(shape) != numel())
+    throw Error("cannot reshape " + shape_str(shape_) + " to " + shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+}  // namespace microscale

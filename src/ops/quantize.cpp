@@ -1,0 +1,176 @@
+// Public quantize / dequantize entry points: argument checks, then the backend kernels.
+#include "microscale/quantize.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/convert.hpp"
+#include "reference/reference.hpp"
+
+namespace microscale {
+namespace {
+
+std::int64_t roundup(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw Error(msg);
+}
+
+Shape with_last(Shape s, std::int64_t last) {
+  s.back() = last;
+  return s;
+}
+
+// nonfinite='error': fails naming the first NaN/Inf in row-major order before anything is written.
+void check_finite(const std::vector<float>& x, const Shape& shape) {
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::isfinite(x[i])) continue;
+    const char* cls = std::isnan(x[i]) ? "NaN" : x[i] > 0 ? "+Inf" : "-Inf";
+    Shape index(shape.size());
+    auto rest = static_cast<std::int64_t>(i);
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      index[d] = rest % shape[d];
+      rest /= shape[d];
+    }
+    throw Error(std::string("quantize: non-finite input (") + cls + ") at flat index " +
+                std::to_string(i) + ", index " + shape_str(index) + " (nonfinite='error')");
+  }
+}
+
+}  // namespace
+
+float global_scale(const TensorView& x) {
+  require(is_float(x.dtype), std::string("global_scale: unsupported input dtype ") +
+                                 dtype_name(x.dtype) + " (float32, float16 or bfloat16)");
+  const std::vector<float> v = detail::to_f32(x);
+  return reference::amax_finite(v.data(), static_cast<std::int64_t>(v.size()));
+}
+
+Quantized quantize(const TensorView& x, const QuantSpec& spec) {
+  const QuantSpec s = resolve(spec);
+  require(is_float(x.dtype), std::string("quantize: unsupported input dtype ") +
+                                 dtype_name(x.dtype) + " (float32, float16 or bfloat16)");
+  require(x.rank() >= 1, "quantize: input must have rank >= 1 (groups run along the last axis)");
+  const std::int64_t K = x.shape.back();
+  require(K % s.group_size == 0, "quantize: last dimension " + std::to_string(K) +
+                                     " is not divisible by group_size " +
+                                     std::to_string(s.group_size) + " (" + name(s.mode) + ")");
+  const std::int64_t rows = K == 0 ? numel(Shape(x.shape.begin(), x.shape.end() - 1)) : x.numel() / K;
+  const std::int64_t groups = K / s.group_size;
+
+  const std::vector<float> xf = detail::to_f32(x);
+  if (s.nonfinite == NonFinite::error) check_finite(xf, x.shape);
+
+  Quantized q;
+  q.spec = s;
+  q.shape = x.shape;
+  q.packed = Tensor(DType::uint8, with_last(x.shape, K * s.bits / 8));
+  const DType scale_dtype = s.mode == Mode::affine ? x.dtype : DType::uint8;
+  Tensor compact(scale_dtype, with_last(x.shape, groups));
+  if (s.mode == Mode::affine) q.biases = Tensor(scale_dtype, compact.shape());
+  reference::quantize(xf.data(), rows, K, x.dtype, s, q.packed.data<std::uint8_t>(), compact.bytes(),
+                      q.biases.bytes());
+  q.scales = s.layout == Layout::swizzled ? swizzle_scales(compact.view()) : compact;
+  return q;
+}
+
+Tensor dequantize(const Quantized& q, DType dtype) {
+  const TensorView biases = q.biases.view();
+  return dequantize(q.packed.view(), q.scales.view(), q.spec.mode == Mode::affine ? &biases : nullptr,
+                    q.spec, dtype);
+}
+
+Tensor dequantize(const TensorView& packed_in, const TensorView& scales_in, const TensorView* biases_in,
+                  const QuantSpec& spec, DType dtype) {
+  const QuantSpec s = resolve(spec);
+  const std::string mode = name(s.mode);
+  require(is_float(dtype), std::string("dequantize: output dtype ") + dtype_name(dtype) +
+                               " is not supported (float32, float16 or bfloat16)");
+  require(packed_in.dtype == DType::uint8 || packed_in.dtype == DType::uint32,
+          std::string("dequantize: packed values must be uint8 (or MLX's uint32), got ") +
+              dtype_name(packed_in.dtype));
+  require(packed_in.rank() >= 1, "dequantize: packed values must have rank >= 1");
+
+  // Packed uint32 words are MLX's view of the same little-endian bytes.
+  Shape shape = packed_in.shape;
+  const std::int64_t word = static_cast<std::int64_t>(dtype_size(packed_in.dtype));
+  const std::int64_t row_bytes = shape.back() * word;
+  require(row_bytes * 8 % s.bits == 0, "dequantize: " + std::to_string(row_bytes) +
+                                           " packed bytes per row do not hold whole " +
+                                           std::to_string(s.bits) + "-bit values");
+  const std::int64_t K = row_bytes * 8 / s.bits;
+  require(K % s.group_size == 0, "dequantize (" + mode + "): " + std::to_string(K) +
+                                     " values per row are not divisible by group_size " +
+                                     std::to_string(s.group_size));
+  shape.back() = K;
+  const std::int64_t rows = numel(Shape(shape.begin(), shape.end() - 1));
+  const std::int64_t groups = K / s.group_size;
+  const Shape compact_shape = with_last(shape, groups);
+
+  // Scales: dtype and shape must agree with the packed values.
+  const bool affine = s.mode == Mode::affine;
+  if (affine) {
+    require(is_float(scales_in.dtype), std::string("dequantize (affine): scales must be float32, "
+                                                   "float16 or bfloat16, got ") +
+                                           dtype_name(scales_in.dtype));
+    require(biases_in != nullptr, "dequantize (affine): biases are required");
+    require(biases_in->dtype == scales_in.dtype && biases_in->shape == scales_in.shape,
+            "dequantize (affine): biases " + shape_str(biases_in->shape) + " " +
+                dtype_name(biases_in->dtype) + " must match scales " + shape_str(scales_in.shape) +
+                " " + dtype_name(scales_in.dtype));
+  } else {
+    require(scales_in.dtype == DType::uint8, "dequantize (" + mode + "): scales must be uint8 codes, got " +
+                                                 dtype_name(scales_in.dtype));
+    require(biases_in == nullptr, "dequantize (" + mode + "): biases are only used by affine");
+  }
+  Tensor scales;
+  if (s.layout == Layout::swizzled) {
+    const Shape sw = {roundup(rows, 128), roundup(groups, 4)};
+    require(scales_in.shape == sw, "dequantize: swizzled scales must have shape " + shape_str(sw) +
+                                       " for packed " + shape_str(packed_in.shape) + ", got " +
+                                       shape_str(scales_in.shape));
+    scales = unswizzle_scales(scales_in, rows, groups);
+  } else {
+    require(scales_in.shape == compact_shape, "dequantize (" + mode + "): scales must have shape " +
+                                                  shape_str(compact_shape) + " for packed " +
+                                                  shape_str(packed_in.shape) + ", got " +
+                                                  shape_str(scales_in.shape));
+    scales = detail::contiguous(scales_in);
+  }
+  const Tensor packed = detail::contiguous(packed_in);
+  const Tensor biases = affine ? detail::contiguous(*biases_in) : Tensor();
+
+  Tensor y(dtype, shape);
+  reference::dequantize(packed.data<std::uint8_t>(), scales.bytes(), biases.bytes(), scales.dtype(), rows,
+                        K, s, dtype, y.bytes());
+  return y;
+}
+
+Tensor swizzle_scales(const TensorView& scales) {
+  require(scales.dtype == DType::uint8,
+          std::string("swizzle_scales: scales must be uint8, got ") + dtype_name(scales.dtype));
+  require(scales.rank() >= 1, "swizzle_scales: scales must have rank >= 1");
+  const std::int64_t C = scales.shape.back();
+  const std::int64_t R = C == 0 ? numel(Shape(scales.shape.begin(), scales.shape.end() - 1))
+                                : scales.numel() / C;
+  const Tensor compact = detail::contiguous(scales);
+  Tensor out(DType::uint8, {roundup(R, 128), roundup(C, 4)});
+  reference::swizzle(compact.data<std::uint8_t>(), R, C, out.data<std::uint8_t>());
+  return out;
+}
+
+Tensor unswizzle_scales(const TensorView& swizzled, std::int64_t rows, std::int64_t cols) {
+  require(swizzled.dtype == DType::uint8,
+          std::string("unswizzle_scales: scales must be uint8, got ") + dtype_name(swizzled.dtype));
+  require(rows >= 0 && cols >= 0, "unswizzle_scales: rows and cols must be >= 0");
+  const std::int64_t need = roundup(rows, 128) * roundup(cols, 4);
+  require(swizzled.numel() == need, "unswizzle_scales: " + std::to_string(rows) + "x" +
+                                        std::to_string(cols) + " scales need " + std::to_string(need) +
+                                        " swizzled bytes, got " + std::to_string(swizzled.numel()));
+  const Tensor sw = detail::contiguous(swizzled);
+  Tensor out(DType::uint8, {rows, cols});
+  reference::unswizzle(sw.data<std::uint8_t>(), rows, cols, out.data<std::uint8_t>());
+  return out;
+}
+
+}  // namespace microscale

@@ -1,0 +1,36 @@
+// Scalar reference kernels: the executable form of FORMATS.md sections 2-4. Every float
+// operation is one binary32 operation in the written order (the library builds with
+// -ffp-contract=off), so the fast backends can be checked against these bit for bit.
+//
+// Kernels take row-major data: `rows` rows of K values, already validated by src/ops.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "microscale/format.hpp"
+#include "microscale/tensor.hpp"
+
+namespace microscale::reference {
+
+// x: rows*K float32 values, exact widenings of the caller's `src` dtype (needed by the 'nearest'
+// scale rule and to round affine scales/biases). spec must be resolved; nonfinite 'error' has
+// been checked by the caller. Writes packed [rows, K*bits/8], compact scales [rows, K/group]
+// (uint8, or src-typed for affine) and, for affine, biases.
+void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, const QuantSpec& spec,
+              std::uint8_t* packed, std::byte* scales, std::byte* biases);
+
+// Inverse: compact scales of dtype `scale_dtype` (uint8 for fp modes), biases of the same dtype
+// (affine), output y [rows, K] of dtype `out`.
+void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases,
+                DType scale_dtype, std::int64_t rows, std::int64_t K, const QuantSpec& spec,
+                DType out, std::byte* y);
+
+// max |x_i| over finite values; 0 if there is none.
+float amax_finite(const float* x, std::int64_t n);
+
+// Compact [R, C] bytes <-> swizzled [roundup(R,128), roundup(C,4)] bytes (FORMATS.md 4).
+void swizzle(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::uint8_t* out);
+void unswizzle(const std::uint8_t* swizzled, std::int64_t R, std::int64_t C, std::uint8_t* out);
+
+}  // namespace microscale::reference
