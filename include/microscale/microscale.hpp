@@ -4,5 +4,7 @@
 #include "microscale/codecs.hpp"
 #include "microscale/dtype.hpp"
 #include "microscale/format.hpp"
+#include "microscale/layers.hpp"
+#include "microscale/matmul.hpp"
 #include "microscale/quantize.hpp"
 #include "microscale/tensor.hpp"

@@ -47,4 +47,22 @@ Tensor contiguous(const TensorView& x) {
   return out;
 }
 
+std::vector<std::int64_t> read_indices(const TensorView& idx, std::int64_t limit, const char* op, const char* what) {
+  if (idx.dtype != DType::int32 && idx.dtype != DType::int64 && idx.dtype != DType::uint32)
+    throw Error(std::string(op) + ": " + what + " must be int32, int64 or uint32, got " + dtype_name(idx.dtype));
+  const Tensor t = contiguous(idx);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    switch (idx.dtype) {
+      case DType::int32: v[i] = t.data<std::int32_t>()[i]; break;
+      case DType::uint32: v[i] = t.data<std::uint32_t>()[i]; break;
+      default: v[i] = t.data<std::int64_t>()[i]; break;
+    }
+    if (v[i] < 0 || v[i] >= limit)
+      throw Error(std::string(op) + ": " + what + " value " + std::to_string(v[i]) + " at position " +
+                  std::to_string(i) + " is out of range [0, " + std::to_string(limit) + ")");
+  }
+  return v;
+}
+
 }  // namespace microscale::detail

@@ -75,9 +75,9 @@ Quantized quantize(const TensorView& x, const QuantSpec& spec) {
 }
 
 Tensor dequantize(const Quantized& q, DType dtype) {
-  const TensorView biases = q.biases.view();
-  return dequantize(q.packed.view(), q.scales.view(), q.spec.mode == Mode::affine ? &biases : nullptr,
-                    q.spec, dtype);
+  const bool affine = q.spec.mode == Mode::affine;
+  const TensorView biases = affine ? q.biases.view() : TensorView();
+  return dequantize(q.packed.view(), q.scales.view(), affine ? &biases : nullptr, q.spec, dtype);
 }
 
 Tensor dequantize(const TensorView& packed_in, const TensorView& scales_in, const TensorView* biases_in,

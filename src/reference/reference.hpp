@@ -34,3 +34,19 @@ void swizzle(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::u
 void unswizzle(const std::uint8_t* swizzled, std::int64_t R, std::int64_t C, std::uint8_t* out);
 
 }  // namespace microscale::reference
+
+namespace microscale::reference {
+
+// y[m, n] = sum_k x[m, k] * w(n, k) (+ bias[n]), summed in float32 in k order; w(n, k) is
+// w[n*K + k] when transpose, else w[k*N + n]. x is [M, K], y is [M, N].
+void matmul(const float* x, const float* w, std::int64_t M, std::int64_t N, std::int64_t K, bool transpose,
+            const float* bias, float* y);
+
+// qqmm on codes: x packed [M, K*bits/8] with compact scales [M, K/group], w likewise [N, ...].
+// Per block, the float32 dot of element values (exact for nvfp4) times (sx * sw), summed over
+// blocks in order; then y = alpha * acc (+ bias). spec is resolved (nvfp4, mxfp4 or mxfp8).
+void qqmm(const std::uint8_t* px, const std::uint8_t* sx, const std::uint8_t* pw, const std::uint8_t* sw,
+          std::int64_t M, std::int64_t N, std::int64_t K, const QuantSpec& spec, float alpha,
+          const float* bias, float* y);
+
+}  // namespace microscale::reference

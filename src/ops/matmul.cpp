@@ -1,0 +1,225 @@
+// Public matmul entry points: argument checks, batch broadcasting and index gathering, then the
+// backend kernels.
+#include "microscale/matmul.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/convert.hpp"
+#include "reference/reference.hpp"
+
+namespace microscale {
+namespace {
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw Error(msg);
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, const char* what) {
+  Shape out(std::max(a.size(), b.size()));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::int64_t da = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
+    const std::int64_t db = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
+    require(da == db || da == 1 || db == 1, std::string(op) + ": " + what + " " + shape_str(a) + " and " +
+                                                shape_str(b) + " do not broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// For each row-major position of `out`, the flat position in `src` that broadcasts to it.
+std::vector<std::int64_t> broadcast_map(const Shape& src, const Shape& out) {
+  const std::int64_t n = numel(out);
+  std::vector<std::int64_t> map(static_cast<std::size_t>(n));
+  const Shape src_strides = contiguous_strides(src);
+  const std::size_t lead = out.size() - src.size();
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t rest = i, off = 0;
+    for (std::size_t d = out.size(); d-- > lead;) {
+      const std::int64_t idx = rest % out[d];
+      rest /= out[d];
+      if (src[d - lead] != 1) off += idx * src_strides[d - lead];
+    }
+    map[static_cast<std::size_t>(i)] = off;
+  }
+  return map;
+}
+
+Shape leading(const Shape& s, std::size_t drop) { return Shape(s.begin(), s.end() - static_cast<std::ptrdiff_t>(drop)); }
+
+DType output_dtype(const TensorView& x, const TensorView& scales, const QuantSpec& s) {
+  if (s.mode != Mode::affine || scales.dtype == x.dtype) return x.dtype;
+  return DType::float32;
+}
+
+std::vector<float> bias_f32(const TensorView* bias, std::int64_t N, const char* op) {
+  if (bias == nullptr) return {};
+  require(is_float(bias->dtype), std::string(op) + ": bias must be float32, float16 or bfloat16");
+  require(bias->shape == Shape{N}, std::string(op) + ": bias must have shape " + shape_str({N}) + ", got " +
+                                       shape_str(bias->shape));
+  return detail::to_f32(*bias);
+}
+
+Tensor to_dtype(const std::vector<float>& y, DType dtype, Shape shape) {
+  Tensor out(dtype, std::move(shape));
+  const std::size_t size = dtype_size(dtype);
+  for (std::size_t i = 0; i < y.size(); ++i) detail::store_f32(y[i], dtype, out.bytes() + i * size);
+  return out;
+}
+
+// The weight as float32 [batch..., R, L] plus its logical matrix dims, validated by dequantize.
+struct Weight {
+  std::vector<float> values;
+  Shape batch;
+  std::int64_t rows, cols;  // stored matrix: rows x cols values, groups along cols
+};
+
+Weight dequantized_weight(const TensorView& wq, const TensorView& scales, const TensorView* biases,
+                          const QuantSpec& s, const char* op) {
+  require(wq.rank() >= 2, std::string(op) + ": quantized weight must have rank >= 2, got " + shape_str(wq.shape));
+  require(s.layout == Layout::compact || wq.rank() == 2,
+          std::string(op) + ": swizzled scales are only supported for 2-D weights");
+  const Tensor w = dequantize(wq, scales, biases, s, DType::float32);
+  Weight out;
+  out.batch = leading(w.shape(), 2);
+  out.rows = w.shape()[w.shape().size() - 2];
+  out.cols = w.shape().back();
+  out.values.assign(w.data<float>(), w.data<float>() + w.numel());
+  return out;
+}
+
+}  // namespace
+
+Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorView& scales,
+                        const TensorView* biases, bool transpose, const QuantSpec& spec, const TensorView* bias) {
+  const char* op = "quantized_matmul";
+  const QuantSpec s = resolve(spec);
+  require(is_float(x.dtype), std::string(op) + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
+  require(x.rank() >= 1, std::string(op) + ": x must have rank >= 1");
+  const Weight w = dequantized_weight(wq, scales, biases, s, op);
+  const std::int64_t K = transpose ? w.cols : w.rows;
+  const std::int64_t N = transpose ? w.rows : w.cols;
+  require(x.shape.back() == K, std::string(op) + ": x has K = " + std::to_string(x.shape.back()) + " but the weight " +
+                                   (transpose ? "[N, K] = " : "[K, N] = ") + shape_str({w.rows, w.cols}) +
+                                   " needs K = " + std::to_string(K));
+  const bool vector = x.rank() == 1;
+  const Shape x_batch = vector ? Shape{} : leading(x.shape, 2);
+  const std::int64_t M = vector ? 1 : x.shape[x.shape.size() - 2];
+  const Shape batch = broadcast_shapes(x_batch, w.batch, op, "batch shapes");
+  const std::vector<std::int64_t> xmap = broadcast_map(x_batch, batch), wmap = broadcast_map(w.batch, batch);
+  const std::vector<float> xf = detail::to_f32(x), bf = bias_f32(bias, N, op);
+
+  std::vector<float> y(static_cast<std::size_t>(numel(batch) * M * N));
+  for (std::size_t b = 0; b < xmap.size(); ++b)
+    reference::matmul(xf.data() + xmap[b] * M * K, w.values.data() + wmap[b] * K * N, M, N, K, transpose,
+                      bf.empty() ? nullptr : bf.data(), y.data() + static_cast<std::int64_t>(b) * M * N);
+  Shape out_shape = batch;
+  if (!vector) out_shape.push_back(M);
+  out_shape.push_back(N);
+  return to_dtype(y, output_dtype(x, scales, s), out_shape);
+}
+
+Tensor quantized_matmul(const TensorView& x, const Quantized& w, bool transpose, const TensorView* bias) {
+  const bool affine = w.spec.mode == Mode::affine;
+  const TensorView biases = affine ? w.biases.view() : TensorView();
+  return quantized_matmul(x, w.packed.view(), w.scales.view(), affine ? &biases : nullptr, transpose, w.spec, bias);
+}
+
+Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales, const QuantSpec& spec,
+            std::optional<float> global_scale_x, std::optional<float> global_scale_w, const TensorView* bias) {
+  const char* op = "qqmm";
+  require(spec.mode != Mode::affine, "qqmm: mode must be nvfp4, mxfp4 or mxfp8 (affine has no quantized activations)");
+  require(!spec.global_scale, "qqmm: pass global_scale_x and global_scale_w, not spec.global_scale");
+  require(global_scale_x.has_value() == global_scale_w.has_value(),
+          "qqmm: nvfp4 takes both global_scale_x and global_scale_w, or neither");
+  QuantSpec sx = spec, sw = spec;
+  sx.global_scale = global_scale_x;
+  sw.global_scale = global_scale_w;
+  sx.layout = Layout::compact;
+  sx = resolve(sx);
+  sw = resolve(sw);
+  require(is_float(x.dtype), std::string(op) + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
+  require(x.rank() >= 1, "qqmm: x must have rank >= 1");
+  require(w.rank() == 2, "qqmm: w must be 2-D [N, K] (packed [N, K*bits/8]), got " + shape_str(w.shape));
+
+  Tensor w_packed, w_codes;
+  if (is_float(w.dtype)) {
+    require(w_scales == nullptr, "qqmm: w_scales given but w is float (pass packed w with its scales)");
+    sw.layout = Layout::compact;
+    const Quantized qw = quantize(w, sw);
+    w_packed = qw.packed;
+    w_codes = qw.scales;
+  } else {
+    require(w_scales != nullptr, "qqmm: a packed w needs its scales");
+    dequantize(w, *w_scales, nullptr, sw, DType::float32);  // validates dtypes and shapes
+    const Tensor words = detail::contiguous(w);  // uint8 or MLX's uint32 view of the same bytes
+    w_packed = Tensor(DType::uint8, {w.shape[0], w.shape[1] * static_cast<std::int64_t>(dtype_size(w.dtype))});
+    if (words.nbytes()) std::memcpy(w_packed.bytes(), words.bytes(), words.nbytes());
+    const std::int64_t k = w_packed.shape()[1] * 8 / sw.bits;
+    w_codes = sw.layout == Layout::swizzled ? unswizzle_scales(*w_scales, w.shape[0], k / sw.group_size)
+                                            : detail::contiguous(*w_scales);
+  }
+  const std::int64_t N = w_packed.shape()[0];
+  const std::int64_t K = w_packed.shape()[1] * 8 / sw.bits;
+  require(x.shape.back() == K, "qqmm: x has K = " + std::to_string(x.shape.back()) + " but w has K = " + std::to_string(K));
+  const Quantized qx = quantize(x, sx);
+  const std::int64_t M = K == 0 ? numel(leading(x.shape, 1)) : x.numel() / K;
+  float alpha = 1.0f;
+  if (global_scale_x) alpha = (*global_scale_x * *global_scale_w) * f32_from_bits(kC2688SqBits);
+  const std::vector<float> bf = bias_f32(bias, N, op);
+  std::vector<float> y(static_cast<std::size_t>(M * N));
+  reference::qqmm(qx.packed.data<std::uint8_t>(), qx.scales.data<std::uint8_t>(), w_packed.data<std::uint8_t>(),
+                  w_codes.data<std::uint8_t>(), M, N, K, sx, alpha, bf.empty() ? nullptr : bf.data(), y.data());
+  Shape out_shape = x.shape;
+  out_shape.back() = N;
+  return to_dtype(y, x.dtype, out_shape);
+}
+
+Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& scales, const TensorView* biases,
+                  const TensorView* lhs_indices, const TensorView* rhs_indices, bool transpose, const QuantSpec& spec,
+                  bool /*sorted_indices: a speed hint; the reference needs no ordering*/) {
+  const char* op = "gather_qmm";
+  if (lhs_indices == nullptr && rhs_indices == nullptr) return quantized_matmul(x, wq, scales, biases, transpose, spec);
+  const QuantSpec s = resolve(spec);
+  require(is_float(x.dtype), std::string(op) + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
+  require(x.rank() >= 2, "gather_qmm: x must have rank >= 2 ([..., M, K])");
+  const Weight w = dequantized_weight(wq, scales, biases, s, op);
+  const std::int64_t K = transpose ? w.cols : w.rows;
+  const std::int64_t N = transpose ? w.rows : w.cols;
+  require(x.shape.back() == K, "gather_qmm: x has K = " + std::to_string(x.shape.back()) + " but the weight needs K = " +
+                                   std::to_string(K));
+  const Shape x_batch = leading(x.shape, 2);
+  const std::int64_t M = x.shape[x.shape.size() - 2];
+  const std::int64_t bx = numel(x_batch), bw = numel(w.batch);
+
+  auto indices = [&](const TensorView* given, const Shape& batch, std::int64_t limit, const char* what) {
+    std::pair<std::vector<std::int64_t>, Shape> r;
+    if (given) {
+      r.first = detail::read_indices(*given, limit, op, what);
+      r.second = given->shape;
+    } else {
+      r.first.resize(static_cast<std::size_t>(limit));
+      for (std::int64_t i = 0; i < limit; ++i) r.first[static_cast<std::size_t>(i)] = i;
+      r.second = batch;
+    }
+    return r;
+  };
+  const auto [lhs, lhs_shape] = indices(lhs_indices, x_batch, bx, "lhs_indices");
+  const auto [rhs, rhs_shape] = indices(rhs_indices, w.batch, bw, "rhs_indices");
+  const Shape out_batch = broadcast_shapes(lhs_shape, rhs_shape, op, "index shapes");
+  const std::vector<std::int64_t> lmap = broadcast_map(lhs_shape, out_batch), rmap = broadcast_map(rhs_shape, out_batch);
+
+  const std::vector<float> xf = detail::to_f32(x);
+  std::vector<float> y(static_cast<std::size_t>(numel(out_batch) * M * N));
+  for (std::size_t i = 0; i < lmap.size(); ++i) {
+    const std::int64_t li = lhs[static_cast<std::size_t>(lmap[i])], ri = rhs[static_cast<std::size_t>(rmap[i])];
+    reference::matmul(xf.data() + li * M * K, w.values.data() + ri * K * N, M, N, K, transpose, nullptr,
+                      y.data() + static_cast<std::int64_t>(i) * M * N);
+  }
+  Shape out_shape = out_batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  return to_dtype(y, output_dtype(x, scales, s), out_shape);
+}
+
+}  // namespace microscale
