@@ -47,6 +47,18 @@ Tensor contiguous(const TensorView& x) {
   return out;
 }
 
+Rows rows_of(const TensorView& x) {
+  Rows r;
+  r.numel = x.numel();
+  if (x.is_contiguous()) {
+    r.data = static_cast<const std::byte*>(x.data);
+  } else {
+    r.copy = contiguous(x);
+    r.data = r.copy.bytes();
+  }
+  return r;
+}
+
 std::vector<std::int64_t> read_indices(const TensorView& idx, std::int64_t limit, const char* op, const char* what) {
   if (idx.dtype != DType::int32 && idx.dtype != DType::int64 && idx.dtype != DType::uint32)
     throw Error(std::string(op) + ": " + what + " must be int32, int64 or uint32, got " + dtype_name(idx.dtype));

@@ -59,6 +59,14 @@ std::vector<float> to_f32(const TensorView& x);
 // Row-major byte copy of a view of any dtype (any strides).
 Tensor contiguous(const TensorView& x);
 
+// Row-major bytes of x: the caller's memory when x is already contiguous, else a private copy.
+struct Rows {
+  Tensor copy;  // empty when borrowed
+  const std::byte* data = nullptr;
+  std::int64_t numel = 0;
+};
+Rows rows_of(const TensorView& x);
+
 // Integer indices (int32, int64 or uint32, any strides) as int64, each checked to lie in [0, limit);
 // errors name the op and the argument.
 std::vector<std::int64_t> read_indices(const TensorView& idx, std::int64_t limit, const char* op, const char* what);

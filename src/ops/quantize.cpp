@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "core/convert.hpp"
+#include "cpu/kernels.hpp"
+#include "microscale/runtime.hpp"
 #include "reference/reference.hpp"
 
 namespace microscale {
@@ -22,19 +24,19 @@ Shape with_last(Shape s, std::int64_t last) {
 }
 
 // nonfinite='error': fails naming the first NaN/Inf in row-major order before anything is written.
-void check_finite(const std::vector<float>& x, const Shape& shape) {
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (std::isfinite(x[i])) continue;
-    const char* cls = std::isnan(x[i]) ? "NaN" : x[i] > 0 ? "+Inf" : "-Inf";
-    Shape index(shape.size());
-    auto rest = static_cast<std::int64_t>(i);
-    for (std::size_t d = shape.size(); d-- > 0;) {
-      index[d] = rest % shape[d];
-      rest /= shape[d];
-    }
-    throw Error(std::string("quantize: non-finite input (") + cls + ") at flat index " +
-                std::to_string(i) + ", index " + shape_str(index) + " (nonfinite='error')");
+void check_finite(const detail::Rows& x, DType dtype, const Shape& shape) {
+  const std::int64_t i = cpu::find_nonfinite(x.data, dtype, x.numel);
+  if (i < 0) return;
+  const float v = detail::load_f32(x.data + static_cast<std::size_t>(i) * dtype_size(dtype), dtype);
+  const char* cls = std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf";
+  Shape index(shape.size());
+  std::int64_t rest = i;
+  for (std::size_t d = index.size(); d-- > 0;) {
+    index[d] = rest % shape[d];
+    rest /= shape[d];
   }
+  throw Error(std::string("quantize: non-finite input (") + cls + ") at flat index " + std::to_string(i) +
+              ", index " + shape_str(index) + " (nonfinite='error')");
 }
 
 }  // namespace
@@ -42,8 +44,12 @@ void check_finite(const std::vector<float>& x, const Shape& shape) {
 float global_scale(const TensorView& x) {
   require(is_float(x.dtype), std::string("global_scale: unsupported input dtype ") +
                                  dtype_name(x.dtype) + " (float32, float16 or bfloat16)");
-  const std::vector<float> v = detail::to_f32(x);
-  return reference::amax_finite(v.data(), static_cast<std::int64_t>(v.size()));
+  if (backend() == Backend::reference) {
+    const std::vector<float> v = detail::to_f32(x);
+    return reference::amax_finite(v.data(), static_cast<std::int64_t>(v.size()));
+  }
+  const detail::Rows c = detail::rows_of(x);
+  return cpu::amax_finite(c.data, x.dtype, c.numel);
 }
 
 Quantized quantize(const TensorView& x, const QuantSpec& spec) {
@@ -55,11 +61,11 @@ Quantized quantize(const TensorView& x, const QuantSpec& spec) {
   require(K % s.group_size == 0, "quantize: last dimension " + std::to_string(K) +
                                      " is not divisible by group_size " +
                                      std::to_string(s.group_size) + " (" + name(s.mode) + ")");
-  const std::int64_t rows = K == 0 ? numel(Shape(x.shape.begin(), x.shape.end() - 1)) : x.numel() / K;
+  const std::int64_t rows = numel(Shape(x.shape.begin(), x.shape.end() - 1));
   const std::int64_t groups = K / s.group_size;
 
-  const std::vector<float> xf = detail::to_f32(x);
-  if (s.nonfinite == NonFinite::error) check_finite(xf, x.shape);
+  const detail::Rows xc = detail::rows_of(x);
+  if (s.nonfinite == NonFinite::error) check_finite(xc, x.dtype, x.shape);
 
   Quantized q;
   q.spec = s;
@@ -68,8 +74,14 @@ Quantized quantize(const TensorView& x, const QuantSpec& spec) {
   const DType scale_dtype = s.mode == Mode::affine ? x.dtype : DType::uint8;
   Tensor compact(scale_dtype, with_last(x.shape, groups));
   if (s.mode == Mode::affine) q.biases = Tensor(scale_dtype, compact.shape());
-  reference::quantize(xf.data(), rows, K, x.dtype, s, q.packed.data<std::uint8_t>(), compact.bytes(),
-                      q.biases.bytes());
+  if (backend() == Backend::reference) {
+    const std::vector<float> xf = detail::to_f32(x);
+    reference::quantize(xf.data(), rows, K, x.dtype, s, q.packed.data<std::uint8_t>(), compact.bytes(),
+                        q.biases.bytes());
+  } else {
+    cpu::quantize(xc.data, x.dtype, rows, K, s, q.packed.data<std::uint8_t>(), compact.bytes(),
+                  q.biases.bytes());
+  }
   q.scales = s.layout == Layout::swizzled ? swizzle_scales(compact.view()) : compact;
   return q;
 }
@@ -141,8 +153,12 @@ Tensor dequantize(const TensorView& packed_in, const TensorView& scales_in, cons
   const Tensor biases = affine ? detail::contiguous(*biases_in) : Tensor();
 
   Tensor y(dtype, shape);
-  reference::dequantize(packed.data<std::uint8_t>(), scales.bytes(), biases.bytes(), scales.dtype(), rows,
-                        K, s, dtype, y.bytes());
+  if (backend() == Backend::reference)
+    reference::dequantize(packed.data<std::uint8_t>(), scales.bytes(), biases.bytes(), scales.dtype(), rows, K, s,
+                          dtype, y.bytes());
+  else
+    cpu::dequantize(packed.data<std::uint8_t>(), scales.bytes(), biases.bytes(), scales.dtype(), rows, K, s, dtype,
+                    y.bytes());
   return y;
 }
 

@@ -1,0 +1,31 @@
+// Which backend runs the ops, which SIMD target the CPU kernels use, and how many threads.
+//
+// Environment (read once, at first use; the setters override it):
+//   MICROSCALE_BACKEND      "cpu" (default: SIMD + threads) or "reference" (scalar executable spec)
+//   MICROSCALE_CPU_TARGET   "auto" (default: best the machine has), or force one of
+//                           "avx512_dl" (AVX-512 with VNNI/BF16/VBMI), "avx512", "avx2", "sse4",
+//                           "emu128" (portable scalar fallback)
+//   MICROSCALE_NUM_THREADS  worker threads per call (falls back to OMP_NUM_THREADS, then all cores)
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace microscale {
+
+enum class Backend { cpu, reference };
+
+Backend backend();
+void set_backend(Backend b);
+
+// Forces a CPU target; throws Error if the name is unknown or this machine cannot run it.
+void set_cpu_target(const std::string& name);
+// Name of the target the CPU kernels dispatch to now.
+std::string cpu_target();
+// Targets this build contains and this machine can run, best first.
+std::vector<std::string> available_cpu_targets();
+
+void set_num_threads(int n);  // n <= 0 restores the environment's default
+int num_threads();
+
+}  // namespace microscale

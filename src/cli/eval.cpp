@@ -1,0 +1,225 @@
+#include "eval.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+namespace microscale::cli {
+
+namespace {
+
+QuantSpec make(Mode mode, int group = 0, int bits = 0, Elem elem = Elem::e4m3) {
+  QuantSpec s;
+  s.mode = mode;
+  s.group_size = group;
+  s.bits = bits;
+  s.elem = elem;
+  return s;
+}
+
+// Synthetic weight matrix as float32 values, deterministic for a seed.
+std::vector<float> make_matrix(const std::string& kind, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> w(static_cast<std::size_t>(rows * cols));
+  if (kind == "student-t3") {
+    std::student_t_distribution<float> t(3.0f);
+    for (float& v : w) v = 0.02f * t(rng);
+    return w;
+  }
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (float& v : w) v = normal(rng);
+  if (kind == "outliers") {
+    // A few input channels (columns) 30x larger, as activation-outlier channels leave in weights.
+    std::uniform_int_distribution<std::int64_t> col(0, cols - 1);
+    const int n = static_cast<int>(std::max<std::int64_t>(1, cols / 512));
+    for (int j = 0; j < n; ++j) {
+      const std::int64_t c = col(rng);
+      for (std::int64_t r = 0; r < rows; ++r) w[static_cast<std::size_t>(r * cols + c)] *= 30.0f;
+    }
+  }
+  return w;
+}
+
+// The matrix stored in `dtype` (raw bytes) and its exact f32 values.
+struct Stored {
+  std::vector<std::byte> bytes;
+  std::vector<float> values;
+};
+Stored store(const std::vector<float>& w, DType dtype) {
+  Stored s;
+  s.values.resize(w.size());
+  s.bytes.resize(w.size() * dtype_size(dtype));
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (dtype == DType::float32) {
+      s.values[i] = w[i];
+      std::memcpy(&s.bytes[i * 4], &w[i], 4);
+    } else {
+      const std::uint16_t h = dtype == DType::bfloat16 ? encode_bf16(w[i]) : encode_f16(w[i]);
+      s.values[i] = dtype == DType::bfloat16 ? decode_bf16(h) : decode_f16(h);
+      std::memcpy(&s.bytes[i * 2], &h, 2);
+    }
+  }
+  return s;
+}
+
+float value_at(const Tensor& t, std::size_t i) {
+  switch (t.dtype()) {
+    case DType::float32: return t.data<float>()[i];
+    case DType::bfloat16: return decode_bf16(t.data<std::uint16_t>()[i]);
+    case DType::float16: return decode_f16(t.data<std::uint16_t>()[i]);
+    default: throw Error("eval: unexpected output dtype");
+  }
+}
+
+template <class F>
+double median_seconds(int repeats, F&& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    const auto b = std::chrono::steady_clock::now();
+    t.push_back(std::chrono::duration<double>(b - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<std::string> selected(const std::vector<std::string>& chosen, const std::vector<std::string>& all) {
+  return chosen.empty() ? all : chosen;
+}
+std::vector<std::string> mode_names() {
+  std::vector<std::string> n;
+  for (const EvalMode& m : eval_modes()) n.push_back(m.name);
+  return n;
+}
+const EvalMode* find_mode(const std::string& name) {
+  for (const EvalMode& m : eval_modes())
+    if (m.name == name) return &m;
+  return nullptr;
+}
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+const char* kHeader = "%-11s %-12s %8s %11s %9s %12s %12s\n";
+const char* kRow = "%-11s %-12s %8.3f %11.3e %9.2f %12.3f %12.3f\n";
+
+}  // namespace
+
+const std::vector<EvalMode>& eval_modes() {
+  static const std::vector<EvalMode> modes = [] {
+    std::vector<EvalMode> m;
+    m.push_back({"nvfp4", make(Mode::nvfp4), false});
+    m.push_back({"nvfp4-gs", make(Mode::nvfp4), true});
+    m.push_back({"mxfp4", make(Mode::mxfp4), false});
+    m.push_back({"mxfp8-e4m3", make(Mode::mxfp8, 0, 0, Elem::e4m3), false});
+    m.push_back({"mxfp8-e5m2", make(Mode::mxfp8, 0, 0, Elem::e5m2), false});
+    for (int g : {32, 64, 128}) m.push_back({"affine4-g" + std::to_string(g), make(Mode::affine, g, 4), false});
+    m.push_back({"affine8-g64", make(Mode::affine, 64, 8), false});
+    for (int b : {2, 3, 5, 6}) m.push_back({"affine" + std::to_string(b) + "-g64", make(Mode::affine, 64, b), false});
+    return m;
+  }();
+  return modes;
+}
+
+const std::vector<std::string>& eval_matrices() {
+  static const std::vector<std::string> m = {"gaussian", "student-t3", "outliers"};
+  return m;
+}
+
+void validate(const EvalOptions& opt) {
+  if (opt.rows < 1) throw Error("--rows must be at least 1, got " + std::to_string(opt.rows));
+  if (opt.cols < 1) throw Error("--cols must be at least 1, got " + std::to_string(opt.cols));
+  if (opt.repeats < 1) throw Error("--repeats must be at least 1, got " + std::to_string(opt.repeats));
+  if (!is_float(opt.dtype)) throw Error(std::string("--dtype must be a float type, got ") + dtype_name(opt.dtype));
+  if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
+  for (const std::string& name : opt.modes) {
+    const EvalMode* m = find_mode(name);
+    if (!m) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
+    const QuantSpec s = resolve(m->spec);
+    if (opt.cols % s.group_size != 0)
+      throw Error("--cols " + std::to_string(opt.cols) + " is not a multiple of the group size " +
+                  std::to_string(s.group_size) + " of mode " + name);
+  }
+  if (opt.modes.empty())
+    for (const EvalMode& m : eval_modes())
+      if (opt.cols % resolve(m.spec).group_size != 0)
+        throw Error("--cols " + std::to_string(opt.cols) + " is not a multiple of the group size " +
+                    std::to_string(resolve(m.spec).group_size) + " of mode " + m.name +
+                    " (choose a multiple of 128, or pick --modes)");
+  for (const std::string& name : opt.matrices)
+    if (std::find(eval_matrices().begin(), eval_matrices().end(), name) == eval_matrices().end())
+      throw Error("unknown matrix '" + name + "'; matrices: " + join(eval_matrices()));
+}
+
+std::vector<EvalRow> run_eval(const EvalOptions& opt) {
+  validate(opt);
+  const std::vector<std::string> modes = selected(opt.modes, mode_names());
+  const std::vector<std::string> matrices = selected(opt.matrices, eval_matrices());
+  const Shape shape = {opt.rows, opt.cols};
+  const double n = static_cast<double>(opt.rows * opt.cols);
+
+  std::printf("microscale eval: %lld x %lld %s weights, dequantize to %s, median of %d runs\n",
+              static_cast<long long>(opt.rows), static_cast<long long>(opt.cols), dtype_name(opt.dtype),
+              dtype_name(opt.out), opt.repeats);
+  std::printf("bits/value counts scales (and affine biases) in the weights' dtype; nvfp4-gs is three-level\n"
+              "nvfp4 with global_scale = amax (its 32-bit tensor scale is not counted).\n\n");
+  std::printf(kHeader, "matrix", "mode", "bits/val", "rel.error", "SQNR dB", "quant Gel/s", "deq Gel/s");
+  std::fflush(stdout);
+
+  std::vector<EvalRow> rows;
+  std::uint64_t seed = opt.seed;
+  for (const std::string& matrix : matrices) {
+    const Stored w = store(make_matrix(matrix, opt.rows, opt.cols, seed++), opt.dtype);
+    const TensorView x(w.bytes.data(), opt.dtype, shape);
+    double energy = 0;
+    for (float v : w.values) energy += static_cast<double>(v) * v;
+    for (const std::string& name : modes) {
+      const EvalMode& m = *find_mode(name);
+      QuantSpec spec = m.spec;
+      if (m.global) spec.global_scale = global_scale(x);
+      Quantized q;
+      const double tq = median_seconds(opt.repeats, [&] { q = quantize(x, spec); });
+      Tensor y;
+      const double td = median_seconds(opt.repeats, [&] { y = dequantize(q, opt.out); });
+      double err = 0;
+      for (std::size_t i = 0; i < w.values.size(); ++i) {
+        const double d = static_cast<double>(w.values[i]) - value_at(y, i);
+        err += d * d;
+      }
+      EvalRow r;
+      r.matrix = matrix;
+      r.mode = name;
+      r.bits_per_value = bits_per_value(q.spec, opt.dtype == DType::float32 ? 32 : 16);
+      r.rel_error = energy > 0 ? std::sqrt(err / energy) : 0.0;
+      r.sqnr_db = err > 0 ? 10.0 * std::log10(energy / err) : INFINITY;
+      r.quant_gelems = n / tq / 1e9;
+      r.dequant_gelems = n / td / 1e9;
+      std::printf(kRow, r.matrix.c_str(), r.mode.c_str(), r.bits_per_value, r.rel_error, r.sqnr_db, r.quant_gelems,
+                  r.dequant_gelems);
+      std::fflush(stdout);
+      rows.push_back(r);
+    }
+  }
+
+  if (!opt.csv.empty()) {
+    std::ofstream f(opt.csv);
+    if (!f) throw Error("cannot write --csv file '" + opt.csv + "'");
+    f << "matrix,mode,rows,cols,dtype,bits_per_value,rel_error,sqnr_db,quant_gelem_per_s,dequant_gelem_per_s\n";
+    for (const EvalRow& r : rows)
+      f << r.matrix << ',' << r.mode << ',' << opt.rows << ',' << opt.cols << ',' << dtype_name(opt.dtype) << ','
+        << r.bits_per_value << ',' << r.rel_error << ',' << r.sqnr_db << ',' << r.quant_gelems << ','
+        << r.dequant_gelems << '\n';
+    if (!f) throw Error("failed writing --csv file '" + opt.csv + "'");
+    std::printf("\nwrote %s\n", opt.csv.c_str());
+  }
+  return rows;
+}
+
+}  // namespace microscale::cli

@@ -1,0 +1,46 @@
+// `microscale eval`: quantization error and throughput of every mode on synthetic weights.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "microscale/microscale.hpp"
+
+namespace microscale::cli {
+
+// One row of the mode table: a display name and the spec it stands for. `global` marks
+// three-level nvfp4, whose global_scale is the matrix's amax (computed per matrix).
+struct EvalMode {
+  std::string name;
+  QuantSpec spec;
+  bool global = false;
+};
+
+struct EvalOptions {
+  std::int64_t rows = 512;
+  std::int64_t cols = 4096;
+  std::vector<std::string> modes;     // empty: all of eval_modes()
+  std::vector<std::string> matrices;  // empty: all of eval_matrices()
+  DType dtype = DType::bfloat16;      // input dtype the synthetic weights are stored in
+  DType out = DType::float32;         // dequantize output dtype
+  int repeats = 3;                    // timed runs per op; the median is reported
+  std::uint64_t seed = 1234;
+  std::string csv;                    // also write the table here when not empty
+};
+
+struct EvalRow {
+  std::string matrix, mode;
+  double bits_per_value = 0, rel_error = 0, sqnr_db = 0;
+  double quant_gelems = 0, dequant_gelems = 0;  // G elements per second, median run
+};
+
+const std::vector<EvalMode>& eval_modes();
+const std::vector<std::string>& eval_matrices();
+
+// Checks the options (mode and matrix names, sizes, group divisibility); throws microscale::Error.
+void validate(const EvalOptions& opt);
+// Runs the evaluation, printing the aligned table to stdout as rows complete.
+std::vector<EvalRow> run_eval(const EvalOptions& opt);
+
+}  // namespace microscale::cli

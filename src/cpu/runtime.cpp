@@ -1,0 +1,137 @@
+// Backend, SIMD target and thread settings: the one place that decides where ops run.
+#include "microscale/runtime.hpp"
+
+#include <hwy/targets.h>
+#include <omp.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "cpu/parallel.hpp"
+#include "microscale/dtype.hpp"
+
+namespace microscale {
+namespace {
+
+struct TargetName {
+  const char* name;
+  std::int64_t bit;
+};
+constexpr TargetName kTargets[] = {
+    {"avx512_dl", HWY_AVX3_DL}, {"avx512", HWY_AVX3}, {"avx2", HWY_AVX2},
+    {"sse4", HWY_SSE4},         {"ssse3", HWY_SSSE3}, {"scalar", HWY_SCALAR},
+};
+
+std::int64_t runnable_targets() {
+  hwy::SetSupportedTargetsForTest(0);  // the machine's real set, not a previous forcing
+  return hwy::SupportedTargets();
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+int default_threads() {
+  for (const char* var : {"MICROSCALE_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const std::string v = env(var);
+    if (v.empty()) continue;
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (end != v.c_str() && n > 0) return static_cast<int>(std::min<long>(n, 1024));
+  }
+  return std::max(1, omp_get_num_procs());
+}
+
+struct Settings {
+  std::mutex mu;
+  Backend backend = Backend::cpu;
+  std::atomic<int> threads{1};
+  std::atomic<int> budget{1};  // threads not held by running calls
+
+  Settings() {
+    if (env("MICROSCALE_BACKEND") == "reference") backend = Backend::reference;
+    threads = default_threads();
+    budget = threads.load();
+    const std::string target = env("MICROSCALE_CPU_TARGET");
+    if (!target.empty() && target != "auto") force(target);
+  }
+
+  void force(const std::string& name) {
+    const std::int64_t runnable = runnable_targets();
+    for (const TargetName& t : kTargets) {
+      if (name != t.name) continue;
+      if (!(runnable & t.bit)) throw Error("CPU target '" + name + "' is not supported by this machine");
+      hwy::SetSupportedTargetsForTest(t.bit);
+      return;
+    }
+    throw Error("unknown CPU target '" + name + "' (auto, avx512_dl, avx512, avx2, sse4, ssse3, scalar)");
+  }
+};
+
+Settings& settings() {
+  static Settings s;
+  return s;
+}
+
+}  // namespace
+
+Backend backend() { return settings().backend; }
+void set_backend(Backend b) {
+  std::lock_guard<std::mutex> lock(settings().mu);
+  settings().backend = b;
+}
+
+void set_cpu_target(const std::string& name) {
+  Settings& s = settings();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (name == "auto")
+    runnable_targets();
+  else
+    s.force(name);
+}
+
+std::string cpu_target() {
+  settings();
+  const std::int64_t chosen = hwy::SupportedTargets() & HWY_TARGETS;
+  for (const TargetName& t : kTargets)
+    if (chosen & t.bit) return t.name;  // dispatch picks the best runnable target
+  return "scalar";
+}
+
+std::vector<std::string> available_cpu_targets() {
+  settings();
+  std::vector<std::string> out;
+  for (const TargetName& t : kTargets)
+    if ((HWY_TARGETS & t.bit) && (hwy::SupportedTargets() & t.bit)) out.push_back(t.name);
+  return out;
+}
+
+void set_num_threads(int n) {
+  Settings& s = settings();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const int next = n > 0 ? n : default_threads();
+  s.budget += next - s.threads;
+  s.threads = next;
+}
+int num_threads() { return settings().threads; }
+
+namespace cpu {
+
+ThreadLease::ThreadLease(std::int64_t want) : n_(1) {
+  // Every running call holds at least its own thread, so the budget may go negative while more
+  // user threads call in than the budget allows; extra workers are only taken from what is left.
+  std::atomic<int>& budget = settings().budget;
+  const int cap = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, settings().threads)));
+  int avail = budget.load();
+  do {
+    n_ = std::max(1, std::min(cap, avail));
+  } while (!budget.compare_exchange_weak(avail, avail - n_));
+}
+
+ThreadLease::~ThreadLease() { settings().budget += n_; }
+
+}  // namespace cpu
+}  // namespace microscale
