@@ -1,0 +1,357 @@
+"""microscale: microscaling block-quantized formats (NVFP4, MXFP4, MXFP8, MLX-style affine).
+
+The functions follow MLX's ``mx.quantize`` / ``mx.dequantize`` shape conventions on numpy arrays;
+the numerics are microscale's contract (FORMATS.md sections 1-4):
+
+>>> import numpy as np, microscale
+>>> w = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+>>> wq, scales = microscale.quantize(w, mode="nvfp4")                  # 2-level NVFP4
+>>> wq.shape, scales.shape
+((4, 32), (4, 4))
+>>> w2 = microscale.dequantize(wq, scales, mode="nvfp4")              # float32 by default
+>>> g = microscale.global_scale(w)                                    # tensor amax
+>>> wq, scales = microscale.quantize(w, mode="nvfp4", global_scale=g)  # 3-level NVFP4
+>>> wq, scales, biases = microscale.quantize(w, mode="affine", group_size=64, bits=4)
+
+Inputs may be float32, float16 or ``ml_dtypes.bfloat16`` arrays of any rank >= 1 and any strides;
+quantization runs along the last axis. Packed values are uint8 ``[..., K*bits/8]`` (viewed as
+little-endian uint32 they are MLX's ``w_q``); fp-mode scales are uint8 codes ``[..., K/group]``
+(E4M3 for nvfp4, E8M0 for mxfp4/mxfp8); affine scales and biases have the input's dtype.
+Errors in the arguments or the data raise ``ValueError``; unsupported array dtypes raise
+``TypeError``.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import ml_dtypes
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "quantize",
+    "dequantize",
+    "global_scale",
+    "swizzle_scales",
+    "unswizzle_scales",
+    "encode",
+    "decode",
+]
+
+__version__ = "0.1.0"
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+_FLOAT_NAMES = {_F32: "float32", _F16: "float16", _BF16: "bfloat16"}
+_NAME_TO_DTYPE = {"float32": _F32, "float16": _F16, "bfloat16": _BF16}
+# ml_dtypes' 8-bit types are accepted wherever uint8 codes are (their bytes are the codes).
+_CODE_DTYPES = {
+    "e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    "e8m0": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "e2m1": np.dtype(ml_dtypes.float4_e2m1fn),
+}
+_BYTE_CODE_DTYPES = (
+    np.dtype(ml_dtypes.float8_e4m3fn),
+    np.dtype(ml_dtypes.float8_e5m2),
+    np.dtype(ml_dtypes.float8_e8m0fnu),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# argument handling
+
+def _as_array(a, what):
+    if isinstance(a, np.ndarray):
+        arr = a
+    else:
+        try:
+            arr = np.asarray(a)
+        except Exception as e:  # noqa: BLE001 - report what could not be read
+            raise TypeError(f"{what}: cannot be read as a numpy array ({e})") from None
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    # _core reads strides in elements: negative or non-itemsize-multiple strides need a copy.
+    if arr.size and any(s < 0 or s % arr.itemsize for s in arr.strides):
+        arr = np.ascontiguousarray(arr)
+    return arr
+
+
+def _float_input(a, what):
+    """(array for _core, dtype name) of a float32 / float16 / bfloat16 array."""
+    arr = _as_array(a, what)
+    name = _FLOAT_NAMES.get(arr.dtype)
+    if name is None:
+        raise TypeError(
+            f"{what}: unsupported dtype {arr.dtype} (expected float32, float16 or "
+            "ml_dtypes.bfloat16)")
+    if name == "bfloat16":
+        arr = arr.view(np.uint16)
+    return arr, name
+
+
+def _any_input(a, what, allowed):
+    """(array for _core, dtype name) for an array whose dtype name is in `allowed`."""
+    arr = _as_array(a, what)
+    if arr.dtype in _FLOAT_NAMES:
+        name = _FLOAT_NAMES[arr.dtype]
+    elif arr.dtype in _BYTE_CODE_DTYPES:
+        arr, name = arr.view(np.uint8), "uint8"
+    elif arr.dtype == np.uint8:
+        name = "uint8"
+    elif arr.dtype == np.uint32:
+        name = "uint32"
+    else:
+        name = None
+    if name not in allowed:
+        raise TypeError(f"{what}: unsupported dtype {arr.dtype} (expected one of "
+                        f"{', '.join(sorted(allowed))})")
+    if name == "bfloat16":
+        arr = arr.view(np.uint16)
+    return arr, name
+
+
+def _c_contig(arr):
+    # (np.ascontiguousarray would turn a 0-d array into shape (1,).)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def _out(pair):
+    """An array returned by _core: bfloat16 results arrive as uint16 bits."""
+    arr, name = pair
+    return arr.view(_BF16) if name == "bfloat16" else arr
+
+
+def _str(v, what):
+    if not isinstance(v, str):
+        raise TypeError(f"{what} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _opt_int(v, what):
+    """None -> 0 (the mode's default in C++); otherwise a positive int."""
+    if v is None:
+        return 0
+    if isinstance(v, bool):
+        raise TypeError(f"{what} must be an int or None, got bool")
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an int or None, got {type(v).__name__}") from None
+    if i <= 0:
+        raise ValueError(f"{what} must be positive, got {i}")
+    if i > 2**30:
+        raise ValueError(f"{what} is too large: {i}")
+    return i
+
+
+def _global_scale_arg(g):
+    """None, or the float32 value of a Python float, numpy scalar, 0-d or 1-element array."""
+    if g is None:
+        return None
+    if isinstance(g, bool):
+        raise TypeError("global_scale must be a number, got bool")
+    arr = np.asarray(g)
+    if arr.size != 1:
+        raise ValueError(f"global_scale must be a scalar or a 1-element array, got shape {arr.shape}")
+    if arr.dtype == _BF16 or arr.dtype.kind in "fiu":
+        with np.errstate(over="ignore"):
+            v = arr.reshape(()).astype(np.float32)
+        return float(v)  # exact: a float32 value as a Python float
+    raise TypeError(f"global_scale: unsupported dtype {arr.dtype}")
+
+
+def _dtype_name(dtype):
+    """'float32' | 'float16' | 'bfloat16' from a name, numpy dtype or ml_dtypes type."""
+    if isinstance(dtype, str):
+        if dtype in _NAME_TO_DTYPE:
+            return dtype
+        raise TypeError(f"dtype: unsupported output dtype {dtype!r} (expected float32, float16 "
+                        "or bfloat16)")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype: cannot interpret {dtype!r} as a dtype") from None
+    name = _FLOAT_NAMES.get(dt)
+    if name is None:
+        raise TypeError(f"dtype: unsupported output dtype {dt} (expected float32, float16 or "
+                        "bfloat16)")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, layout="compact",
+             scale_rule="ceil", nonfinite="propagate", elem="e4m3"):
+    """Quantize ``w`` along its last axis.
+
+    Args:
+      w: float32, float16 or ml_dtypes.bfloat16 array of shape ``[..., K]`` (rank >= 1, any
+        strides); ``K`` must be a multiple of the group size.
+      mode: ``"nvfp4"`` (E2M1 elements, E4M3 scales, groups of 16), ``"mxfp4"`` (E2M1, E8M0, 32),
+        ``"mxfp8"`` (E4M3 or E5M2, E8M0, 32) or ``"affine"`` (b-bit unsigned codes with a scale and
+        a bias per group, MLX-compatible).
+      group_size: None for the mode's default (nvfp4 16, mx 32, affine 64; affine also 32, 128).
+      bits: None for the mode's default (4, 4, 8, 4); affine takes 2, 3, 4, 5, 6 or 8.
+      global_scale: nvfp4 only. The tensor amax (e.g. ``microscale.global_scale(w)``) as a
+        Python float, numpy scalar or 1-element array, rounded to float32; given, the result is
+        three-level NVFP4, otherwise two-level. Not an encode or decode factor.
+      layout: ``"compact"`` scales ``[..., K/group]`` or ``"swizzled"`` (cuBLAS 128x4 tiles,
+        ``[roundup(R,128), roundup(K/group,4)]`` with R the product of the leading axes; fp
+        modes only).
+      scale_rule: E8M0 rule of the mx modes: ``"ceil"`` (default, TE/cuBLAS), ``"floor"`` (OCP MX
+        v1.0), ``"even"`` (torchao EVEN) or ``"nearest"`` (MLX 0.32.2).
+      nonfinite: blocks holding NaN/Inf: ``"propagate"`` (default: the block decodes to NaN),
+        ``"error"`` (ValueError naming the first non-finite element) or ``"saturate"``
+        (TensorEngine's hardware behaviour; affine treats it as propagate).
+      elem: mxfp8 element format, ``"e4m3"`` (default) or ``"e5m2"``.
+
+    Returns:
+      ``(w_q, scales)`` for the fp modes and ``(w_q, scales, biases)`` for affine: ``w_q`` uint8
+      ``[..., K*bits/8]``; fp-mode scales uint8 codes; affine scales and biases in w's dtype.
+    """
+    arr, name = _float_input(w, "w")
+    packed, scales, biases, _, _ = _core.quantize(
+        arr, name, _str(mode, "mode"), _opt_int(group_size, "group_size"),
+        _opt_int(bits, "bits"), _str(scale_rule, "scale_rule"), _str(nonfinite, "nonfinite"),
+        _str(layout, "layout"), _str(elem, "elem"), _global_scale_arg(global_scale))
+    if biases is None:
+        return _out(packed), _out(scales)
+    return _out(packed), _out(scales), _out(biases)
+
+
+def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype="float32",
+               layout="compact", group_size=None, bits=None, scale_rule="ceil",
+               nonfinite="propagate", elem="e4m3"):
+    """Dequantize the output of :func:`quantize` (or the same parts from a checkpoint).
+
+    Args:
+      w_q: packed values, uint8 ``[..., K*bits/8]``, or MLX's uint32 ``[..., K*bits/32]`` (read
+        as little-endian bytes).
+      scales: fp modes: uint8 codes (or ml_dtypes float8_e4m3fn / float8_e8m0fnu arrays) in the
+        given ``layout``; affine: float32, float16 or bfloat16.
+      biases: affine only, same shape as ``scales``.
+      mode, group_size, bits, layout, elem: as given to :func:`quantize`.
+      global_scale: nvfp4 only: the amax that was passed to :func:`quantize` (three-level decode
+        ``val(q) * ((val(s) * amax) * fl(1/2688))``); None for two-level data.
+      dtype: output dtype, ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (also as numpy
+        / ml_dtypes dtypes). Every value is computed in float32 and rounded once.
+      scale_rule, nonfinite: accepted for symmetry with :func:`quantize` and validated; decoding
+        does not depend on them.
+
+    Returns:
+      array ``[..., K]`` of ``dtype``.
+    """
+    out_name = _dtype_name(dtype)
+    pw, pname = _any_input(w_q, "w_q", {"uint8", "uint32"})
+    if pname == "uint32":
+        if pw.ndim == 0:
+            raise ValueError("w_q must have rank >= 1")
+        pw = _c_contig(pw).astype("<u4", copy=False)
+        pw = pw.view(np.uint8).reshape(pw.shape[:-1] + (pw.shape[-1] * 4,))
+        pname = "uint8"
+    sw, sname = _any_input(scales, "scales", {"uint8", "float32", "float16", "bfloat16"})
+    if biases is None:
+        bw, bname = None, ""
+    else:
+        bw, bname = _any_input(biases, "biases", {"float32", "float16", "bfloat16"})
+    y = _core.dequantize(
+        pw, pname, sw, sname, bw, bname, _str(mode, "mode"), _opt_int(group_size, "group_size"),
+        _opt_int(bits, "bits"), _str(scale_rule, "scale_rule"), _str(nonfinite, "nonfinite"),
+        _str(layout, "layout"), _str(elem, "elem"), _global_scale_arg(global_scale), out_name)
+    return _out(y)
+
+
+def global_scale(w):
+    """The tensor amax of ``w`` as ``np.float32``, ignoring NaN and +-Inf (0 if no finite value):
+    the value nvfp4 takes as ``global_scale``."""
+    arr, name = _float_input(w, "w")
+    return np.float32(_core.global_scale(arr, name))
+
+
+def swizzle_scales(scales):
+    """Compact uint8 scales ``[R, C]`` (leading axes of higher ranks are flattened into R) to the
+    swizzled ``[roundup(R,128), roundup(C,4)]`` layout of FORMATS.md section 4, zero-padded."""
+    arr, name = _any_input(scales, "scales", {"uint8"})
+    return _out(_core.swizzle_scales(arr, name))
+
+
+def unswizzle_scales(scales, rows, cols):
+    """Inverse of :func:`swizzle_scales`: the compact ``[rows, cols]`` uint8 scales."""
+    arr, name = _any_input(scales, "scales", {"uint8"})
+    r = operator.index(rows)
+    c = operator.index(cols)
+    if r < 0 or c < 0:
+        raise ValueError(f"rows and cols must be >= 0, got {r}, {c}")
+    return _out(_core.unswizzle_scales(arr, name, r, c))
+
+
+_ENCODE_FORMATS = ("e2m1", "e4m3", "e5m2", "e8m0", "bf16", "f16")
+
+
+def _fmt_name(fmt):
+    fmt = _str(fmt, "fmt")
+    aliases = {"bfloat16": "bf16", "float16": "f16"}
+    fmt = aliases.get(fmt, fmt)
+    if fmt not in _ENCODE_FORMATS:
+        raise ValueError(f"unknown element format {fmt!r} (expected one of "
+                         f"{', '.join(_ENCODE_FORMATS)})")
+    return fmt
+
+
+def encode(x, fmt):
+    """Encode float values element by element (round to nearest even, see FORMATS.md section 1).
+
+    Args:
+      x: float32 array (float16 / bfloat16 arrays are widened exactly; float64 is refused so no
+        value is rounded twice).
+      fmt: ``"e2m1"``, ``"e4m3"``, ``"e5m2"``, ``"e8m0"`` (uint8 codes; E2M1 in the low nibble) or
+        ``"bf16"``, ``"f16"`` (uint16 bit patterns).
+
+    Standalone rules: E2M1 NaN -> 0x7, +-Inf -> +-6; E4M3 NaN -> 0x7F, overflow and +-Inf -> +-448;
+    E5M2 NaN -> 0x7F, overflow and +-Inf -> +-57344; E8M0 rounds to the nearest power of two
+    (1.5*2^k up), saturates to 2^127 / 2^-127, zero / negative / NaN / Inf -> 0xFF; bf16 and f16
+    are IEEE (overflow -> Inf).
+    """
+    fmt = _fmt_name(fmt)
+    arr, name = _float_input(x, "x")
+    if name == "bfloat16":
+        arr = arr.view(_BF16)
+    if name != "float32":
+        arr = arr.astype(np.float32)
+    arr = _c_contig(arr)
+    return _core.encode(arr, fmt).reshape(arr.shape)
+
+
+def decode(codes, fmt):
+    """Decode codes to float32 exactly.
+
+    Args:
+      codes: uint8 codes for ``"e2m1"`` (0..15), ``"e4m3"``, ``"e5m2"``, ``"e8m0"``, or uint16 bit
+        patterns for ``"bf16"`` / ``"f16"``; arrays of the matching ml_dtypes / numpy type
+        (float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float4_e2m1fn, bfloat16, float16) are read
+        by their bits.
+
+    E4M3 0x7F/0xFF and E8M0 0xFF decode to NaN, E8M0 0x00 to 2^-127, E5M2 0x7C/0xFC to +-Inf.
+    """
+    fmt = _fmt_name(fmt)
+    arr = _as_array(codes, "codes")
+    wide = fmt in ("bf16", "f16")
+    if fmt == "e2m1" and arr.dtype == _CODE_DTYPES["e2m1"]:
+        arr = arr.view(np.uint8)
+    elif fmt in _CODE_DTYPES and arr.dtype == _CODE_DTYPES[fmt]:
+        arr = arr.view(np.uint8)
+    elif fmt == "bf16" and arr.dtype == _BF16:
+        arr = arr.view(np.uint16)
+    elif fmt == "f16" and arr.dtype == _F16:
+        arr = arr.view(np.uint16)
+    want = np.uint16 if wide else np.uint8
+    if arr.dtype != want:
+        raise TypeError(f"codes: unsupported dtype {arr.dtype} for {fmt} (expected "
+                        f"{np.dtype(want).name})")
+    arr = _c_contig(arr)
+    return _core.decode(arr, fmt).reshape(arr.shape)

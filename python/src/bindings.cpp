@@ -1,0 +1,309 @@
+// microscale._core: a thin nanobind layer over the C++ API. Argument handling (dtype checks,
+// bfloat16 views, defaults) lives in python/microscale/__init__.py; this file only turns numpy
+// arrays into microscale::TensorView (strides in elements, so non-contiguous inputs are read in
+// place) and microscale::Tensor results into numpy arrays that own them.
+//
+// Every array crosses together with a dtype name ("float32", "float16", "bfloat16", "uint8", ...);
+// bfloat16 travels as uint16 bits in both directions. microscale::Error becomes ValueError.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "microscale/microscale.hpp"
+
+namespace nb = nanobind;
+namespace ms = microscale;
+
+namespace {
+
+// Any dtype, any strides, read-only allowed; the dtype is checked against the name passed along.
+using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
+using OutArray = nb::ndarray<nb::numpy>;
+// An array as it comes back to Python: the numpy array and its microscale dtype name.
+using Out = std::pair<nb::object, std::string>;
+
+nb::dlpack::dtype dlpack_dtype(ms::DType t) {
+  using nb::dlpack::dtype_code;
+  switch (t) {
+    case ms::DType::float32: return {static_cast<std::uint8_t>(dtype_code::Float), 32, 1};
+    case ms::DType::float16: return {static_cast<std::uint8_t>(dtype_code::Float), 16, 1};
+    case ms::DType::bfloat16: return {static_cast<std::uint8_t>(dtype_code::UInt), 16, 1};  // bits
+    case ms::DType::uint8: return {static_cast<std::uint8_t>(dtype_code::UInt), 8, 1};
+    case ms::DType::uint32: return {static_cast<std::uint8_t>(dtype_code::UInt), 32, 1};
+    case ms::DType::int32: return {static_cast<std::uint8_t>(dtype_code::Int), 32, 1};
+    case ms::DType::int64: return {static_cast<std::uint8_t>(dtype_code::Int), 64, 1};
+  }
+  throw ms::Error("internal: unknown dtype");
+}
+
+ms::TensorView view_of(const InArray& a, const std::string& dtype_name, const char* what) {
+  const ms::DType dt = ms::dtype_from_name(dtype_name);
+  const nb::dlpack::dtype want = dlpack_dtype(dt);
+  const nb::dlpack::dtype got = a.dtype();
+  const bool bf16_ok = dt == ms::DType::bfloat16 && got.bits == 16 && got.lanes == 1 &&
+                       got.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat);
+  if (!(got == want) && !bf16_ok) {
+    throw ms::Error(std::string(what) + ": array does not hold " + dtype_name + " data");
+  }
+  ms::Shape shape(a.ndim()), strides(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    shape[i] = static_cast<std::int64_t>(a.shape(i));
+    strides[i] = a.stride(i);
+    if (strides[i] < 0) throw ms::Error(std::string(what) + ": negative strides are not supported");
+  }
+  return ms::TensorView(a.data(), dt, std::move(shape), std::move(strides));
+}
+
+// Hands the tensor to a numpy array that owns it (freed when the array is collected).
+Out to_numpy(ms::Tensor t) {
+  static std::uint64_t empty_storage = 0;  // numpy wants a non-null pointer even for size 0
+  auto* owner = new ms::Tensor(std::move(t));
+  nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<ms::Tensor*>(p); });
+  std::vector<size_t> shape(owner->shape().begin(), owner->shape().end());
+  void* data = owner->bytes() != nullptr ? static_cast<void*>(owner->bytes())
+                                         : static_cast<void*>(&empty_storage);
+  OutArray arr(data, shape.size(), shape.data(), cap, nullptr, dlpack_dtype(owner->dtype()));
+  return {arr.cast(), ms::dtype_name(owner->dtype())};
+}
+
+ms::QuantSpec make_spec(const std::string& mode, int group_size, int bits,
+                        const std::string& scale_rule, const std::string& nonfinite,
+                        const std::string& layout, const std::string& elem,
+                        std::optional<double> global_scale) {
+  ms::QuantSpec spec;
+  spec.mode = ms::mode_from_name(mode);
+  spec.group_size = group_size;
+  spec.bits = bits;
+  spec.scale_rule = ms::scale_rule_from_name(scale_rule);
+  spec.nonfinite = ms::nonfinite_from_name(nonfinite);
+  spec.layout = ms::layout_from_name(layout);
+  spec.elem = ms::elem_from_name(elem);
+  // The Python layer already rounded the value to float32, so this narrowing is exact.
+  if (global_scale) spec.global_scale = static_cast<float>(*global_scale);
+  return spec;
+}
+
+nb::tuple py_quantize(const InArray& x, const std::string& x_dtype, const std::string& mode,
+                      int group_size, int bits, const std::string& scale_rule,
+                      const std::string& nonfinite, const std::string& layout,
+                      const std::string& elem, std::optional<double> global_scale) {
+  const ms::QuantSpec spec =
+      make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale);
+  const ms::TensorView xv = view_of(x, x_dtype, "w");
+  ms::Quantized q;
+  {
+    nb::gil_scoped_release release;
+    q = ms::quantize(xv, spec);
+  }
+  nb::object biases = nb::none();
+  if (q.spec.mode == ms::Mode::affine) biases = nb::cast(to_numpy(std::move(q.biases)));
+  return nb::make_tuple(to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)), biases,
+                        q.spec.group_size, q.spec.bits);
+}
+
+Out py_dequantize(const InArray& packed, const std::string& packed_dtype, const InArray& scales,
+                  const std::string& scales_dtype, const std::optional<InArray>& biases,
+                  const std::string& biases_dtype, const std::string& mode, int group_size,
+                  int bits, const std::string& scale_rule, const std::string& nonfinite,
+                  const std::string& layout, const std::string& elem,
+                  std::optional<double> global_scale, const std::string& out_dtype) {
+  const ms::QuantSpec spec =
+      make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale);
+  const ms::DType dt = ms::dtype_from_name(out_dtype);
+  const ms::TensorView pv = view_of(packed, packed_dtype, "w_q");
+  const ms::TensorView sv = view_of(scales, scales_dtype, "scales");
+  std::optional<ms::TensorView> bv;
+  if (biases) bv = view_of(*biases, biases_dtype, "biases");
+  ms::Tensor y;
+  {
+    nb::gil_scoped_release release;
+    y = ms::dequantize(pv, sv, bv ? &*bv : nullptr, spec, dt);
+  }
+  return to_numpy(std::move(y));
+}
+
+double py_global_scale(const InArray& x, const std::string& x_dtype) {
+  const ms::TensorView xv = view_of(x, x_dtype, "w");
+  nb::gil_scoped_release release;
+  return static_cast<double>(ms::global_scale(xv));
+}
+
+Out py_swizzle(const InArray& s, const std::string& s_dtype) {
+  const ms::TensorView sv = view_of(s, s_dtype, "scales");
+  ms::Tensor t;
+  {
+    nb::gil_scoped_release release;
+    t = ms::swizzle_scales(sv);
+  }
+  return to_numpy(std::move(t));
+}
+
+Out py_unswizzle(const InArray& s, const std::string& s_dtype, std::int64_t rows,
+                 std::int64_t cols) {
+  const ms::TensorView sv = view_of(s, s_dtype, "scales");
+  ms::Tensor t;
+  {
+    nb::gil_scoped_release release;
+    t = ms::unswizzle_scales(sv, rows, cols);
+  }
+  return to_numpy(std::move(t));
+}
+
+// Element codecs over contiguous arrays (the Python layer makes them contiguous).
+enum class Fmt { e2m1, e4m3, e5m2, e8m0, bf16, f16 };
+
+Fmt fmt_from_name(const std::string& s) {
+  if (s == "e2m1") return Fmt::e2m1;
+  if (s == "e4m3") return Fmt::e4m3;
+  if (s == "e5m2") return Fmt::e5m2;
+  if (s == "e8m0") return Fmt::e8m0;
+  if (s == "bf16" || s == "bfloat16") return Fmt::bf16;
+  if (s == "f16" || s == "float16") return Fmt::f16;
+  throw ms::Error("unknown element format '" + s +
+                  "' (expected e2m1, e4m3, e5m2, e8m0, bf16 or f16)");
+}
+
+ms::Shape shape_of(const InArray& a) {
+  ms::Shape shape(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) shape[i] = static_cast<std::int64_t>(a.shape(i));
+  return shape;
+}
+
+void require_contiguous(const InArray& a, const char* what) {
+  if (a.size() == 0) return;
+  std::int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) {
+      throw ms::Error(std::string(what) + ": internal: array must be C-contiguous");
+    }
+    expect *= static_cast<std::int64_t>(a.shape(i));
+  }
+}
+
+// A numpy array owning a std::vector (for results with no microscale::DType, such as uint16).
+template <class T>
+nb::object vector_to_numpy(std::vector<T> v, const ms::Shape& shape_in) {
+  static std::uint64_t empty_storage = 0;
+  auto* owner = new std::vector<T>(std::move(v));
+  nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  std::vector<size_t> shape(shape_in.begin(), shape_in.end());
+  void* data = owner->empty() ? static_cast<void*>(&empty_storage) : static_cast<void*>(owner->data());
+  return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), cap).cast();
+}
+
+nb::object py_encode(const InArray& x, const std::string& fmt_name) {
+  const Fmt fmt = fmt_from_name(fmt_name);
+  const ms::TensorView xv = view_of(x, "float32", "x");
+  require_contiguous(x, "x");
+  const auto* src = static_cast<const float*>(xv.data);
+  const auto n = static_cast<size_t>(xv.numel());
+  if (fmt == Fmt::bf16 || fmt == Fmt::f16) {
+    std::vector<std::uint16_t> out(n);
+    {
+      nb::gil_scoped_release release;
+      for (size_t i = 0; i < n; ++i) {
+        out[i] = fmt == Fmt::bf16 ? ms::encode_bf16(src[i]) : ms::encode_f16(src[i]);
+      }
+    }
+    return vector_to_numpy(std::move(out), xv.shape);
+  }
+  std::vector<std::uint8_t> out(n);
+  {
+    nb::gil_scoped_release release;
+    for (size_t i = 0; i < n; ++i) {
+      switch (fmt) {
+        case Fmt::e2m1: out[i] = ms::encode_e2m1(src[i]); break;
+        case Fmt::e4m3: out[i] = ms::encode_e4m3(src[i]); break;
+        case Fmt::e5m2: out[i] = ms::encode_e5m2(src[i]); break;
+        case Fmt::e8m0: out[i] = ms::encode_e8m0(src[i]); break;
+        default: break;
+      }
+    }
+  }
+  return vector_to_numpy(std::move(out), xv.shape);
+}
+
+nb::object py_decode(const InArray& codes, const std::string& fmt_name) {
+  const Fmt fmt = fmt_from_name(fmt_name);
+  const bool wide = fmt == Fmt::bf16 || fmt == Fmt::f16;
+  const nb::dlpack::dtype want = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt),
+                                  static_cast<std::uint8_t>(wide ? 16 : 8), 1};
+  if (!(codes.dtype() == want)) {
+    throw ms::Error(std::string("codes: expected ") + (wide ? "uint16" : "uint8") + " codes");
+  }
+  require_contiguous(codes, "codes");
+  const ms::Shape shape = shape_of(codes);
+  const std::int64_t n = ms::numel(shape);
+  std::vector<float> out(static_cast<size_t>(n));
+  float* dst = out.data();
+  if (wide) {
+    const auto* src = static_cast<const std::uint16_t*>(codes.data());
+    nb::gil_scoped_release release;
+    for (std::int64_t i = 0; i < n; ++i) {
+      dst[i] = fmt == Fmt::bf16 ? ms::decode_bf16(src[i]) : ms::decode_f16(src[i]);
+    }
+  } else {
+    const auto* src = static_cast<const std::uint8_t*>(codes.data());
+    if (fmt == Fmt::e2m1) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        if (src[i] > 0xF) {
+          throw ms::Error("codes: E2M1 codes are 4-bit (0..15), got " + std::to_string(src[i]) +
+                          " at flat index " + std::to_string(i));
+        }
+      }
+    }
+    nb::gil_scoped_release release;
+    for (std::int64_t i = 0; i < n; ++i) {
+      switch (fmt) {
+        case Fmt::e2m1: dst[i] = ms::decode_e2m1(src[i]); break;
+        case Fmt::e4m3: dst[i] = ms::decode_e4m3(src[i]); break;
+        case Fmt::e5m2: dst[i] = ms::decode_e5m2(src[i]); break;
+        case Fmt::e8m0: dst[i] = ms::decode_e8m0(src[i]); break;
+        default: break;
+      }
+    }
+  }
+  return vector_to_numpy(std::move(out), shape);
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "microscale C++ core (use the functions of the microscale package instead)";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const ms::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.def("quantize", &py_quantize, nb::arg("x"), nb::arg("x_dtype"), nb::arg("mode"),
+        nb::arg("group_size"), nb::arg("bits"), nb::arg("scale_rule"), nb::arg("nonfinite"),
+        nb::arg("layout"), nb::arg("elem"), nb::arg("global_scale").none(),
+        "-> ((packed, dtype), (scales, dtype), (biases, dtype) | None, group_size, bits)");
+  m.def("dequantize", &py_dequantize, nb::arg("packed"), nb::arg("packed_dtype"),
+        nb::arg("scales"), nb::arg("scales_dtype"), nb::arg("biases").none(),
+        nb::arg("biases_dtype"), nb::arg("mode"), nb::arg("group_size"), nb::arg("bits"),
+        nb::arg("scale_rule"), nb::arg("nonfinite"), nb::arg("layout"), nb::arg("elem"),
+        nb::arg("global_scale").none(), nb::arg("out_dtype"), "-> (y, dtype)");
+  m.def("global_scale", &py_global_scale, nb::arg("x"), nb::arg("x_dtype"));
+  m.def("swizzle_scales", &py_swizzle, nb::arg("scales"), nb::arg("scales_dtype"));
+  m.def("unswizzle_scales", &py_unswizzle, nb::arg("scales"), nb::arg("scales_dtype"),
+        nb::arg("rows"), nb::arg("cols"));
+  m.def("encode", &py_encode, nb::arg("x"), nb::arg("fmt"),
+        "float32 C-contiguous -> uint8 codes (uint16 bits for bf16/f16)");
+  m.def("decode", &py_decode, nb::arg("codes"), nb::arg("fmt"));
+}
