@@ -7,4 +7,5 @@
 #include "microscale/layers.hpp"
 #include "microscale/matmul.hpp"
 #include "microscale/quantize.hpp"
+#include "microscale/runtime.hpp"
 #include "microscale/tensor.hpp"

@@ -22,10 +22,19 @@ float amax_finite(const void* x, DType src, std::int64_t n);
 // Flat index of the first NaN or Inf, or -1.
 std::int64_t find_nonfinite(const void* x, DType src, std::int64_t n);
 
-// y [M, N] float32 = x [M, K] float32 @ W^T (transpose) or @ W, W given quantized as stored
-// (rows x cols values, packed + compact scales (+ biases for affine)); bias [N] optional.
-void quantized_matmul(const float* x, std::int64_t M, std::int64_t K, const std::uint8_t* packed,
-                      const std::byte* scales, const std::byte* biases, DType scale_dtype, std::int64_t N,
-                      bool transpose, const QuantSpec& spec, const float* bias, float* y);
+// One stored matrix of a quantized operand: rows x cols values, groups along cols, compact scales.
+struct QuantizedMatrix {
+  const std::uint8_t* packed;
+  const std::byte* scales;
+  const std::byte* biases;  // affine only
+  DType scale_dtype;        // uint8 codes, or the float dtype of affine scales and biases
+  std::int64_t rows, cols;
+  QuantSpec spec;           // resolved; global_scale set for three-level nvfp4
+};
+
+// y [M, N] float32 = x [M, K] float32 @ W^T (transpose: W is N x K) or @ W (W is K x N), plus
+// bias [N] when given. Products use the float32 values dequantize gives for W; sums are float32.
+void quantized_matmul(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias,
+                      float* y);
 
 }  // namespace microscale::cpu

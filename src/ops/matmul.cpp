@@ -6,6 +6,9 @@
 #include <cstring>
 
 #include "core/convert.hpp"
+#include "cpu/kernels.hpp"
+#include "microscale/runtime.hpp"
+#include "ops/operand.hpp"
 #include "reference/reference.hpp"
 
 namespace microscale {
@@ -67,25 +70,44 @@ Tensor to_dtype(const std::vector<float>& y, DType dtype, Shape shape) {
   return out;
 }
 
-// The weight as float32 [batch..., R, L] plus its logical matrix dims, validated by dequantize.
+// A (possibly batched) quantized weight [..., rows, cols], checked but not decoded.
 struct Weight {
-  std::vector<float> values;
+  detail::QuantizedOperand q;
   Shape batch;
   std::int64_t rows, cols;  // stored matrix: rows x cols values, groups along cols
 };
 
-Weight dequantized_weight(const TensorView& wq, const TensorView& scales, const TensorView* biases,
-                          const QuantSpec& s, const char* op) {
+Weight check_weight(const TensorView& wq, const TensorView& scales, const TensorView* biases, const QuantSpec& s,
+                    const char* op) {
   require(wq.rank() >= 2, std::string(op) + ": quantized weight must have rank >= 2, got " + shape_str(wq.shape));
-  require(s.layout == Layout::compact || wq.rank() == 2,
+  require(resolve(s).layout == Layout::compact || wq.rank() == 2,
           std::string(op) + ": swizzled scales are only supported for 2-D weights");
-  const Tensor w = dequantize(wq, scales, biases, s, DType::float32);
-  Weight out;
-  out.batch = leading(w.shape(), 2);
-  out.rows = w.shape()[w.shape().size() - 2];
-  out.cols = w.shape().back();
-  out.values.assign(w.data<float>(), w.data<float>() + w.numel());
-  return out;
+  Weight w{detail::check_operand(wq, scales, biases, s, op), {}, 0, 0};
+  w.batch = leading(w.q.shape, 2);
+  w.rows = w.q.shape[w.q.shape.size() - 2];
+  w.cols = w.q.K;
+  return w;
+}
+
+// y [M, N] float32 = x [M, K] @ W_b^T (or W_b) for matrix b of the weight's flattened batch.
+void matmul_one(const float* x, std::int64_t M, const Weight& w, std::int64_t b, bool transpose, const float* bias,
+                float* y) {
+  const QuantSpec& s = w.q.spec;
+  const std::size_t scale_size = dtype_size(w.q.scale_dtype);
+  const std::int64_t groups = w.rows * (w.cols / s.group_size);
+  cpu::QuantizedMatrix m;
+  m.packed = reinterpret_cast<const std::uint8_t*>(w.q.packed.data) + b * w.rows * w.cols * s.bits / 8;
+  m.scales = w.q.scales.data + static_cast<std::size_t>(b * groups) * scale_size;
+  m.biases = w.q.biases.data ? w.q.biases.data + static_cast<std::size_t>(b * groups) * scale_size : nullptr;
+  m.scale_dtype = w.q.scale_dtype;
+  m.rows = w.rows;
+  m.cols = w.cols;
+  m.spec = s;
+  if (backend() == Backend::cpu) return cpu::quantized_matmul(x, M, m, transpose, bias, y);
+  std::vector<float> wf(static_cast<std::size_t>(w.rows * w.cols));
+  reference::dequantize(m.packed, m.scales, m.biases, m.scale_dtype, w.rows, w.cols, s, DType::float32,
+                        reinterpret_cast<std::byte*>(wf.data()));
+  reference::matmul(x, wf.data(), M, transpose ? w.rows : w.cols, transpose ? w.cols : w.rows, transpose, bias, y);
 }
 
 }  // namespace
@@ -96,7 +118,7 @@ Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorV
   const QuantSpec s = resolve(spec);
   require(is_float(x.dtype), std::string(op) + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
   require(x.rank() >= 1, std::string(op) + ": x must have rank >= 1");
-  const Weight w = dequantized_weight(wq, scales, biases, s, op);
+  const Weight w = check_weight(wq, scales, biases, s, op);
   const std::int64_t K = transpose ? w.cols : w.rows;
   const std::int64_t N = transpose ? w.rows : w.cols;
   require(x.shape.back() == K, std::string(op) + ": x has K = " + std::to_string(x.shape.back()) + " but the weight " +
@@ -111,8 +133,8 @@ Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorV
 
   std::vector<float> y(static_cast<std::size_t>(numel(batch) * M * N));
   for (std::size_t b = 0; b < xmap.size(); ++b)
-    reference::matmul(xf.data() + xmap[b] * M * K, w.values.data() + wmap[b] * K * N, M, N, K, transpose,
-                      bf.empty() ? nullptr : bf.data(), y.data() + static_cast<std::int64_t>(b) * M * N);
+    matmul_one(xf.data() + xmap[b] * M * K, M, w, wmap[b], transpose, bf.empty() ? nullptr : bf.data(),
+               y.data() + static_cast<std::int64_t>(b) * M * N);
   Shape out_shape = batch;
   if (!vector) out_shape.push_back(M);
   out_shape.push_back(N);
@@ -183,7 +205,7 @@ Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& s
   const QuantSpec s = resolve(spec);
   require(is_float(x.dtype), std::string(op) + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
   require(x.rank() >= 2, "gather_qmm: x must have rank >= 2 ([..., M, K])");
-  const Weight w = dequantized_weight(wq, scales, biases, s, op);
+  const Weight w = check_weight(wq, scales, biases, s, op);
   const std::int64_t K = transpose ? w.cols : w.rows;
   const std::int64_t N = transpose ? w.rows : w.cols;
   require(x.shape.back() == K, "gather_qmm: x has K = " + std::to_string(x.shape.back()) + " but the weight needs K = " +
@@ -213,8 +235,7 @@ Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& s
   std::vector<float> y(static_cast<std::size_t>(numel(out_batch) * M * N));
   for (std::size_t i = 0; i < lmap.size(); ++i) {
     const std::int64_t li = lhs[static_cast<std::size_t>(lmap[i])], ri = rhs[static_cast<std::size_t>(rmap[i])];
-    reference::matmul(xf.data() + li * M * K, w.values.data() + ri * K * N, M, N, K, transpose, nullptr,
-                      y.data() + static_cast<std::int64_t>(i) * M * N);
+    matmul_one(xf.data() + li * M * K, M, w, ri, transpose, nullptr, y.data() + static_cast<std::int64_t>(i) * M * N);
   }
   Shape out_shape = out_batch;
   out_shape.push_back(M);

@@ -7,6 +7,7 @@
 #include "core/convert.hpp"
 #include "cpu/kernels.hpp"
 #include "microscale/runtime.hpp"
+#include "ops/operand.hpp"
 #include "reference/reference.hpp"
 
 namespace microscale {
@@ -92,73 +93,76 @@ Tensor dequantize(const Quantized& q, DType dtype) {
   return dequantize(q.packed.view(), q.scales.view(), affine ? &biases : nullptr, q.spec, dtype);
 }
 
-Tensor dequantize(const TensorView& packed_in, const TensorView& scales_in, const TensorView* biases_in,
-                  const QuantSpec& spec, DType dtype) {
-  const QuantSpec s = resolve(spec);
-  const std::string mode = name(s.mode);
-  require(is_float(dtype), std::string("dequantize: output dtype ") + dtype_name(dtype) +
-                               " is not supported (float32, float16 or bfloat16)");
+namespace detail {
+
+QuantizedOperand check_operand(const TensorView& packed_in, const TensorView& scales_in, const TensorView* biases_in,
+                               const QuantSpec& spec, const char* op) {
+  QuantizedOperand o;
+  o.spec = resolve(spec);
+  const QuantSpec& s = o.spec;
+  const std::string where = std::string(op) + " (" + name(s.mode) + ")";
   require(packed_in.dtype == DType::uint8 || packed_in.dtype == DType::uint32,
-          std::string("dequantize: packed values must be uint8 (or MLX's uint32), got ") +
-              dtype_name(packed_in.dtype));
-  require(packed_in.rank() >= 1, "dequantize: packed values must have rank >= 1");
+          where + ": packed values must be uint8 (or MLX's uint32), got " + dtype_name(packed_in.dtype));
+  require(packed_in.rank() >= 1, where + ": packed values must have rank >= 1");
 
   // Packed uint32 words are MLX's view of the same little-endian bytes.
-  Shape shape = packed_in.shape;
-  const std::int64_t word = static_cast<std::int64_t>(dtype_size(packed_in.dtype));
-  const std::int64_t row_bytes = shape.back() * word;
-  require(row_bytes * 8 % s.bits == 0, "dequantize: " + std::to_string(row_bytes) +
-                                           " packed bytes per row do not hold whole " +
-                                           std::to_string(s.bits) + "-bit values");
-  const std::int64_t K = row_bytes * 8 / s.bits;
-  require(K % s.group_size == 0, "dequantize (" + mode + "): " + std::to_string(K) +
-                                     " values per row are not divisible by group_size " +
-                                     std::to_string(s.group_size));
-  shape.back() = K;
-  const std::int64_t rows = numel(Shape(shape.begin(), shape.end() - 1));
-  const std::int64_t groups = K / s.group_size;
-  const Shape compact_shape = with_last(shape, groups);
+  const std::int64_t row_bytes = packed_in.shape.back() * static_cast<std::int64_t>(dtype_size(packed_in.dtype));
+  require(row_bytes * 8 % s.bits == 0, where + ": " + std::to_string(row_bytes) +
+                                           " packed bytes per row do not hold whole " + std::to_string(s.bits) +
+                                           "-bit values");
+  o.K = row_bytes * 8 / s.bits;
+  require(o.K % s.group_size == 0, where + ": " + std::to_string(o.K) +
+                                       " values per row are not divisible by group_size " +
+                                       std::to_string(s.group_size));
+  o.shape = with_last(packed_in.shape, o.K);
+  o.rows = numel(Shape(o.shape.begin(), o.shape.end() - 1));
+  o.groups = o.K / s.group_size;
+  const Shape compact_shape = with_last(o.shape, o.groups);
 
-  // Scales: dtype and shape must agree with the packed values.
   const bool affine = s.mode == Mode::affine;
   if (affine) {
-    require(is_float(scales_in.dtype), std::string("dequantize (affine): scales must be float32, "
-                                                   "float16 or bfloat16, got ") +
-                                           dtype_name(scales_in.dtype));
-    require(biases_in != nullptr, "dequantize (affine): biases are required");
+    require(is_float(scales_in.dtype),
+            where + ": scales must be float32, float16 or bfloat16, got " + dtype_name(scales_in.dtype));
+    require(biases_in != nullptr, where + ": biases are required");
     require(biases_in->dtype == scales_in.dtype && biases_in->shape == scales_in.shape,
-            "dequantize (affine): biases " + shape_str(biases_in->shape) + " " +
-                dtype_name(biases_in->dtype) + " must match scales " + shape_str(scales_in.shape) +
-                " " + dtype_name(scales_in.dtype));
+            where + ": biases " + shape_str(biases_in->shape) + " " + dtype_name(biases_in->dtype) +
+                " must match scales " + shape_str(scales_in.shape) + " " + dtype_name(scales_in.dtype));
   } else {
-    require(scales_in.dtype == DType::uint8, "dequantize (" + mode + "): scales must be uint8 codes, got " +
-                                                 dtype_name(scales_in.dtype));
-    require(biases_in == nullptr, "dequantize (" + mode + "): biases are only used by affine");
+    require(scales_in.dtype == DType::uint8, where + ": scales must be uint8 codes, got " + dtype_name(scales_in.dtype));
+    require(biases_in == nullptr, where + ": biases are only used by affine");
   }
-  Tensor scales;
+  o.scale_dtype = scales_in.dtype;
   if (s.layout == Layout::swizzled) {
-    const Shape sw = {roundup(rows, 128), roundup(groups, 4)};
-    require(scales_in.shape == sw, "dequantize: swizzled scales must have shape " + shape_str(sw) +
-                                       " for packed " + shape_str(packed_in.shape) + ", got " +
-                                       shape_str(scales_in.shape));
-    scales = unswizzle_scales(scales_in, rows, groups);
+    const Shape sw = {roundup(o.rows, 128), roundup(o.groups, 4)};
+    require(scales_in.shape == sw, where + ": swizzled scales must have shape " + shape_str(sw) + " for packed " +
+                                       shape_str(packed_in.shape) + ", got " + shape_str(scales_in.shape));
+    o.scales.copy = unswizzle_scales(scales_in, o.rows, o.groups);
+    o.scales.data = o.scales.copy.bytes();
+    o.scales.numel = o.scales.copy.numel();
   } else {
-    require(scales_in.shape == compact_shape, "dequantize (" + mode + "): scales must have shape " +
-                                                  shape_str(compact_shape) + " for packed " +
-                                                  shape_str(packed_in.shape) + ", got " +
+    require(scales_in.shape == compact_shape, where + ": scales must have shape " + shape_str(compact_shape) +
+                                                  " for packed " + shape_str(packed_in.shape) + ", got " +
                                                   shape_str(scales_in.shape));
-    scales = detail::contiguous(scales_in);
+    o.scales = rows_of(scales_in);
   }
-  const Tensor packed = detail::contiguous(packed_in);
-  const Tensor biases = affine ? detail::contiguous(*biases_in) : Tensor();
+  o.packed = rows_of(packed_in);
+  if (affine) o.biases = rows_of(*biases_in);
+  return o;
+}
 
-  Tensor y(dtype, shape);
+}  // namespace detail
+
+Tensor dequantize(const TensorView& packed, const TensorView& scales, const TensorView* biases, const QuantSpec& spec,
+                  DType dtype) {
+  require(is_float(dtype), std::string("dequantize: output dtype ") + dtype_name(dtype) +
+                               " is not supported (float32, float16 or bfloat16)");
+  const detail::QuantizedOperand w = detail::check_operand(packed, scales, biases, spec, "dequantize");
+  const auto* p = reinterpret_cast<const std::uint8_t*>(w.packed.data);
+  Tensor y(dtype, w.shape);
   if (backend() == Backend::reference)
-    reference::dequantize(packed.data<std::uint8_t>(), scales.bytes(), biases.bytes(), scales.dtype(), rows, K, s,
-                          dtype, y.bytes());
+    reference::dequantize(p, w.scales.data, w.biases.data, w.scale_dtype, w.rows, w.K, w.spec, dtype, y.bytes());
   else
-    cpu::dequantize(packed.data<std::uint8_t>(), scales.bytes(), biases.bytes(), scales.dtype(), rows, K, s, dtype,
-                    y.bytes());
+    cpu::dequantize(p, w.scales.data, w.biases.data, w.scale_dtype, w.rows, w.K, w.spec, dtype, y.bytes());
   return y;
 }
 

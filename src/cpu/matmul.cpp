@@ -1,0 +1,342 @@
+// quantized_matmul on the CPU: a streaming GEMV for a few rows of x and a blocked GEMM that
+// decodes weight panels to float32 once and reuses them across 2*L rows of x at a time.
+//
+// Both use the exact float32 weight values dequantize gives; only the float32 summation order
+// differs from the reference (per-group partial sums, vector lanes, K blocks), and it is fixed
+// for a given shape, so results do not depend on the thread count.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/matmul.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/aligned_allocator.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/kernels.hpp"
+#include "cpu/parallel.hpp"
+#include "microscale/codecs.hpp"
+#include "reference/reference.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace microscale::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DU = hn::RebindToUnsigned<DF>;
+
+// Exact dequantized values of W[r, c0 : c0+n) (c0 and n multiples of the group) into out.
+void DecodeRow(const QuantizedMatrix& w, std::int64_t r, std::int64_t c0, std::int64_t n, float* out) {
+  const QuantSpec& s = w.spec;
+  const std::int64_t groups = w.cols / s.group_size;
+  const std::size_t first_group = static_cast<std::size_t>(r * groups + c0 / s.group_size);
+  const std::size_t scale_size = dtype_size(w.scale_dtype);
+  reference::dequantize(w.packed + (r * w.cols + c0) * s.bits / 8, w.scales + first_group * scale_size,
+                        w.biases ? w.biases + first_group * scale_size : nullptr, w.scale_dtype, 1, n, s,
+                        DType::float32, reinterpret_cast<std::byte*>(out));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV, transpose = true: y[m, n] = sum_k x[m, k] W[n, k] for M <= kGemvRows.
+
+constexpr std::int64_t kGemvRows = 4;
+constexpr std::int64_t kChunk = 1024;  // values of a W row decoded at a time by the generic path
+
+float Dot(const float* a, const float* b, std::int64_t n) {
+  const DF df;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  auto s0 = hn::Zero(df), s1 = hn::Zero(df);
+  std::int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), s0);
+    s1 = hn::MulAdd(hn::LoadU(df, a + i + L), hn::LoadU(df, b + i + L), s1);
+  }
+  for (; i + L <= n; i += L) s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), s0);
+  float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(s0, s1)));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// Any mode and target: decode a chunk of the row, then vector dot products.
+void GemvRowsGeneric(const float* x, std::int64_t M, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1,
+                     const float* bias, float* y) {
+  const std::int64_t K = w.cols, N = w.rows;
+  auto buf = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::min(K, kChunk)));
+  for (std::int64_t n = n0; n < n1; ++n) {
+    float acc[kGemvRows] = {};
+    for (std::int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const std::int64_t kc = std::min(kChunk, K - k0);
+      DecodeRow(w, n, k0, kc, buf.get());
+      for (std::int64_t m = 0; m < M; ++m) acc[m] += Dot(x + m * K + k0, buf.get(), kc);
+    }
+    for (std::int64_t m = 0; m < M; ++m) y[m * N + n] = bias ? acc[m] + bias[n] : acc[m];
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// 16-lane fast path for nvfp4 / mxfp4. Per 32 weights (16 bytes), the low nibbles (even k) and
+// high nibbles (odd k) index a 16-entry float table directly (vpermps), against x deinterleaved
+// once per call into [16 even | 16 odd] per 32 values. Scale factors for 16 groups are decoded
+// in one vector and spread to the lanes of their group by a table lookup.
+
+HWY_ALIGN constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// Float32 scale factors of 16 consecutive groups from their code bytes (E4M3 for nvfp4, times
+// the three-level factor exactly as dequantize forms it; E8M0 for mx).
+hn::Vec<DF> ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) {
+  const DF df;
+  const DU du;
+  const hn::Rebind<std::uint8_t, DF> du8;
+  const auto bytes = hn::LoadU(du8, codes);
+  const auto c = hn::PromoteTo(du, bytes);
+  const auto nan = hn::BitCast(df, hn::Set(du, 0x7FC00000u));
+  if (s.mode == Mode::nvfp4) {
+    // E4M3 -> f16 by shifting into place (same mantissa width, exponent bias 15 vs 7), then
+    // f16 -> f32 and times 2^8 for the bias difference: exact for every finite code.
+    const hn::Rebind<std::uint16_t, DF> du16;
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    const auto c16 = hn::PromoteTo(du16, bytes);
+    const auto h = hn::Or(hn::ShiftLeft<7>(hn::And(c16, hn::Set(du16, 0x7F))),
+                          hn::ShiftLeft<8>(hn::And(c16, hn::Set(du16, 0x80))));
+    auto sf = hn::Mul(hn::PromoteTo(df, hn::BitCast(df16, h)), hn::Set(df, 256.0f));
+    sf = hn::IfThenElse(hn::RebindMask(df, hn::And(c, hn::Set(du, 0x7F)) == hn::Set(du, 0x7F)), nan, sf);
+    if (s.global_scale)
+      sf = hn::Mul(hn::Mul(sf, hn::Set(df, *s.global_scale)), hn::Set(df, f32_from_bits(kC2688Bits)));
+    return sf;
+  }
+  auto bits = hn::ShiftLeft<23>(c);
+  bits = hn::IfThenElse(c == hn::Zero(du), hn::Set(du, 0x00400000u), bits);
+  return hn::IfThenElse(hn::RebindMask(df, c == hn::Set(du, 0xFF)), nan, hn::BitCast(df, bits));
+}
+
+bool GemvFp4Fast(const QuantizedMatrix& w) {
+  return (w.spec.mode == Mode::nvfp4 || w.spec.mode == Mode::mxfp4) && w.cols % 32 == 0;
+}
+
+void GemvRowsFp4(const float* xd, std::int64_t M, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1,
+                 const float* bias, float* y) {
+  const DF df;
+  const DU du;
+  const hn::Rebind<std::uint8_t, DF> du8;
+  const std::int64_t K = w.cols, N = w.rows;
+  const bool nv = w.spec.mode == Mode::nvfp4;
+  const std::int64_t groups = K / w.spec.group_size;
+  const std::int64_t chunks = K / 32;
+  const std::int64_t chunks_per_scales = nv ? 8 : 16;  // 32-value chunks covered by 16 groups
+  const auto table = hn::Load(df, kE2M1Values);
+  const auto low4 = hn::Set(du, 15);
+  // Lane spread of the 16 factors: nvfp4 chunk j uses groups 2j (lanes 0-7) and 2j+1 (8-15);
+  // mx chunk j uses group j in every lane.
+  HWY_ALIGN std::uint32_t spread[16][16];
+  for (std::uint32_t j = 0; j < 16; ++j)
+    for (std::uint32_t l = 0; l < 16; ++l) spread[j][l] = nv ? 2 * (j % 8) + l / 8 : j;
+
+  for (std::int64_t n = n0; n < n1; ++n) {
+    const std::uint8_t* p = w.packed + n * (K / 2);
+    const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;
+    hn::Vec<DF> acc[kGemvRows];
+    for (auto& a : acc) a = hn::Zero(df);
+    for (std::int64_t c0 = 0; c0 < chunks; c0 += chunks_per_scales) {
+      const std::int64_t group0 = c0 * 32 / w.spec.group_size;
+      HWY_ALIGN std::uint8_t codes[16] = {};
+      std::memcpy(codes, sc + group0, static_cast<std::size_t>(std::min<std::int64_t>(16, groups - group0)));
+      const auto factors = ScaleFactors16(codes, w.spec);
+      const std::int64_t c1 = std::min(chunks, c0 + chunks_per_scales);
+      for (std::int64_t c = c0; c < c1; ++c) {
+        const auto bytes = hn::PromoteTo(du, hn::LoadU(du8, p + c * 16));
+        const auto even = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hn::And(bytes, low4)));
+        const auto odd = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hn::ShiftRight<4>(bytes)));
+        const auto f = hn::TableLookupLanes(factors, hn::SetTableIndices(df, spread[c - c0]));
+        for (std::int64_t m = 0; m < M; ++m) {
+          const float* xc = xd + m * K + c * 32;
+          auto t = hn::Mul(hn::Load(df, xc), even);
+          t = hn::MulAdd(hn::Load(df, xc + 16), odd, t);
+          acc[m] = hn::MulAdd(t, f, acc[m]);
+        }
+      }
+    }
+    for (std::int64_t m = 0; m < M; ++m) {
+      const float v = hn::GetLane(hn::SumOfLanes(df, acc[m]));
+      y[m * N + n] = bias ? v + bias[n] : v;
+    }
+  }
+}
+#endif
+
+void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const float* bias, float* y) {
+  const std::int64_t N = w.rows;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (GemvFp4Fast(w)) {
+    const std::int64_t K = w.cols;
+    // x deinterleaved per 32 values: [x0 x2 .. x30 | x1 x3 .. x31].
+    auto xd = hwy::AllocateAligned<float>(static_cast<std::size_t>(M * K));
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t k = 0; k < K; ++k)
+        xd[static_cast<std::size_t>(m * K + (k / 32) * 32 + (k % 2) * 16 + (k % 32) / 2)] = x[m * K + k];
+    parallel_for(N, 64, [&](std::int64_t n0, std::int64_t n1) { GemvRowsFp4(xd.get(), M, w, n0, n1, bias, y); });
+    return;
+  }
+#endif
+  parallel_for(N, 64, [&](std::int64_t n0, std::int64_t n1) { GemvRowsGeneric(x, M, w, n0, n1, bias, y); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// transpose = false with few rows: y[m, :] += x[m, k] * W[k, :], W decoded a row at a time.
+
+constexpr std::int64_t kPanel = 128;  // a multiple of every group size and of kRowsPerTile
+
+void AxpyRows(const float* x, std::int64_t M, const QuantizedMatrix& w, const float* bias, float* y) {
+  const DF df;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t K = w.rows, N = w.cols;
+  const std::int64_t panels = (N + kPanel - 1) / kPanel;
+  parallel_for(panels, 1, [&](std::int64_t p0, std::int64_t p1) {
+    auto buf = hwy::AllocateAligned<float>(static_cast<std::size_t>(kPanel));
+    auto acc = hwy::AllocateAligned<float>(static_cast<std::size_t>(kGemvRows * kPanel));
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const std::int64_t c0 = p * kPanel, nc = std::min(kPanel, N - c0);
+      std::fill(acc.get(), acc.get() + kGemvRows * kPanel, 0.0f);
+      for (std::int64_t k = 0; k < K; ++k) {
+        DecodeRow(w, k, c0, nc, buf.get());
+        for (std::int64_t m = 0; m < M; ++m) {
+          const auto xs = hn::Set(df, x[m * K + k]);
+          float* a = acc.get() + m * kPanel;
+          std::int64_t i = 0;
+          for (; i + L <= nc; i += L)
+            hn::Store(hn::MulAdd(xs, hn::Load(df, buf.get() + i), hn::Load(df, a + i)), df, a + i);
+          for (; i < nc; ++i) a[i] += x[m * K + k] * buf[static_cast<std::size_t>(i)];
+        }
+      }
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t i = 0; i < nc; ++i)
+          y[m * N + c0 + i] = acc[static_cast<std::size_t>(m * kPanel + i)] + (bias ? bias[c0 + i] : 0.0f);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM: x is packed transposed (at[k][m], m padded to 2 vectors), W panels of kPanel output
+// columns x kDepth values are decoded once per block of rows of x, and an 8 x 2L register tile
+// accumulates C^T[n][m] with broadcasts of the decoded weights.
+
+constexpr std::int64_t kDepth = 256;     // K values per block
+constexpr std::int64_t kRowsOfX = 512;   // rows of x per packed block
+constexpr std::int64_t kRowsPerTile = 8;  // output columns (n) per register tile
+
+void DecodePanel(const QuantizedMatrix& w, bool transpose, std::int64_t n0, std::int64_t nn, std::int64_t k0,
+                 std::int64_t kc, float* b /* [kPanel][kDepth] */, float* row /* scratch of kPanel */) {
+  if (transpose) {
+    for (std::int64_t i = 0; i < nn; ++i) DecodeRow(w, n0 + i, k0, kc, b + i * kDepth);
+  } else {
+    for (std::int64_t k = 0; k < kc; ++k) {
+      DecodeRow(w, k0 + k, n0, nn, row);
+      for (std::int64_t i = 0; i < nn; ++i) b[i * kDepth + k] = row[i];
+    }
+  }
+  for (std::int64_t i = nn; i < kPanel; ++i) std::fill(b + i * kDepth, b + i * kDepth + kc, 0.0f);
+}
+
+// ct[i][m0 : m0+2L] += sum_k b[i][k] * at[k][m0 : m0+2L] for i < 8.
+HWY_INLINE void Tile(const float* at, std::int64_t ld, const float* b, std::int64_t kc, float* ct, std::int64_t ldc) {
+  const DF df;
+  const std::size_t L = hn::Lanes(df);
+  auto c00 = hn::Load(df, ct + 0 * ldc), c01 = hn::Load(df, ct + 0 * ldc + L);
+  auto c10 = hn::Load(df, ct + 1 * ldc), c11 = hn::Load(df, ct + 1 * ldc + L);
+  auto c20 = hn::Load(df, ct + 2 * ldc), c21 = hn::Load(df, ct + 2 * ldc + L);
+  auto c30 = hn::Load(df, ct + 3 * ldc), c31 = hn::Load(df, ct + 3 * ldc + L);
+  auto c40 = hn::Load(df, ct + 4 * ldc), c41 = hn::Load(df, ct + 4 * ldc + L);
+  auto c50 = hn::Load(df, ct + 5 * ldc), c51 = hn::Load(df, ct + 5 * ldc + L);
+  auto c60 = hn::Load(df, ct + 6 * ldc), c61 = hn::Load(df, ct + 6 * ldc + L);
+  auto c70 = hn::Load(df, ct + 7 * ldc), c71 = hn::Load(df, ct + 7 * ldc + L);
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const auto a0 = hn::Load(df, at + k * ld), a1 = hn::Load(df, at + k * ld + L);
+#define MICROSCALE_TILE_ROW(i)                          \
+  {                                                     \
+    const auto bi = hn::Set(df, b[(i) * kDepth + k]);   \
+    c##i##0 = hn::MulAdd(bi, a0, c##i##0);              \
+    c##i##1 = hn::MulAdd(bi, a1, c##i##1);              \
+  }
+    MICROSCALE_TILE_ROW(0) MICROSCALE_TILE_ROW(1) MICROSCALE_TILE_ROW(2) MICROSCALE_TILE_ROW(3)
+    MICROSCALE_TILE_ROW(4) MICROSCALE_TILE_ROW(5) MICROSCALE_TILE_ROW(6) MICROSCALE_TILE_ROW(7)
+#undef MICROSCALE_TILE_ROW
+  }
+  hn::Store(c00, df, ct + 0 * ldc), hn::Store(c01, df, ct + 0 * ldc + L);
+  hn::Store(c10, df, ct + 1 * ldc), hn::Store(c11, df, ct + 1 * ldc + L);
+  hn::Store(c20, df, ct + 2 * ldc), hn::Store(c21, df, ct + 2 * ldc + L);
+  hn::Store(c30, df, ct + 3 * ldc), hn::Store(c31, df, ct + 3 * ldc + L);
+  hn::Store(c40, df, ct + 4 * ldc), hn::Store(c41, df, ct + 4 * ldc + L);
+  hn::Store(c50, df, ct + 5 * ldc), hn::Store(c51, df, ct + 5 * ldc + L);
+  hn::Store(c60, df, ct + 6 * ldc), hn::Store(c61, df, ct + 6 * ldc + L);
+  hn::Store(c70, df, ct + 7 * ldc), hn::Store(c71, df, ct + 7 * ldc + L);
+}
+
+void Gemm(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias, float* y) {
+  const DF df;
+  const std::int64_t L2 = 2 * static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t K = transpose ? w.cols : w.rows, N = transpose ? w.rows : w.cols;
+  const std::int64_t panels = (N + kPanel - 1) / kPanel;
+  for (std::int64_t mb = 0; mb < M; mb += kRowsOfX) {
+    const std::int64_t mc = std::min(kRowsOfX, M - mb);
+    const std::int64_t ld = (mc + L2 - 1) / L2 * L2;
+    auto at = hwy::AllocateAligned<float>(static_cast<std::size_t>(K * ld));
+    for (std::int64_t k = 0; k < K; ++k) {
+      float* row = at.get() + k * ld;
+      for (std::int64_t m = 0; m < mc; ++m) row[m] = x[(mb + m) * K + k];
+      std::fill(row + mc, row + ld, 0.0f);
+    }
+    parallel_for(panels, 1, [&](std::int64_t p0, std::int64_t p1) {
+      auto b = hwy::AllocateAligned<float>(static_cast<std::size_t>(kPanel * kDepth));
+      auto row = hwy::AllocateAligned<float>(static_cast<std::size_t>(kPanel));
+      auto ct = hwy::AllocateAligned<float>(static_cast<std::size_t>(kPanel * ld));
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const std::int64_t n0 = p * kPanel, nn = std::min(kPanel, N - n0);
+        std::fill(ct.get(), ct.get() + kPanel * ld, 0.0f);
+        for (std::int64_t k0 = 0; k0 < K; k0 += kDepth) {
+          const std::int64_t kc = std::min(kDepth, K - k0);
+          DecodePanel(w, transpose, n0, nn, k0, kc, b.get(), row.get());
+          for (std::int64_t i = 0; i < nn; i += kRowsPerTile)
+            for (std::int64_t m = 0; m < ld; m += L2)
+              Tile(at.get() + k0 * ld + m, ld, b.get() + i * kDepth, kc, ct.get() + i * ld + m, ld);
+        }
+        for (std::int64_t i = 0; i < nn; ++i)
+          for (std::int64_t m = 0; m < mc; ++m)
+            y[(mb + m) * N + n0 + i] = ct[static_cast<std::size_t>(i * ld + m)] + (bias ? bias[n0 + i] : 0.0f);
+      }
+    });
+  }
+}
+
+void QuantizedMatmul(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias,
+                     float* y) {
+  const std::int64_t K = transpose ? w.cols : w.rows, N = transpose ? w.rows : w.cols;
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (std::int64_t i = 0; i < M * N; ++i) y[i] = bias ? bias[i % N] : 0.0f;
+    return;
+  }
+  if (M <= kGemvRows) {
+    if (transpose)
+      Gemv(x, M, w, bias, y);
+    else
+      AxpyRows(x, M, w, bias, y);
+    return;
+  }
+  Gemm(x, M, w, transpose, bias, y);
+}
+
+}  // namespace microscale::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace microscale::cpu {
+
+HWY_EXPORT(QuantizedMatmul);
+
+void quantized_matmul(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias,
+                      float* y) {
+  HWY_DYNAMIC_DISPATCH(QuantizedMatmul)(x, M, w, transpose, bias, y);
+}
+
+}  // namespace microscale::cpu
+#endif
