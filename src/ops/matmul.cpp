@@ -164,34 +164,45 @@ Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales
   require(x.rank() >= 1, "qqmm: x must have rank >= 1");
   require(w.rank() == 2, "qqmm: w must be 2-D [N, K] (packed [N, K*bits/8]), got " + shape_str(w.shape));
 
-  Tensor w_packed, w_codes;
+  // w as a checked quantized operand; a float w is quantized here exactly as quantize does.
+  Quantized w_owned;
+  TensorView w_packed = w, w_codes = w_scales ? *w_scales : TensorView();
   if (is_float(w.dtype)) {
     require(w_scales == nullptr, "qqmm: w_scales given but w is float (pass packed w with its scales)");
     sw.layout = Layout::compact;
-    const Quantized qw = quantize(w, sw);
-    w_packed = qw.packed;
-    w_codes = qw.scales;
+    w_owned = quantize(w, sw);
+    w_packed = w_owned.packed.view();
+    w_codes = w_owned.scales.view();
   } else {
     require(w_scales != nullptr, "qqmm: a packed w needs its scales");
-    dequantize(w, *w_scales, nullptr, sw, DType::float32);  // validates dtypes and shapes
-    const Tensor words = detail::contiguous(w);  // uint8 or MLX's uint32 view of the same bytes
-    w_packed = Tensor(DType::uint8, {w.shape[0], w.shape[1] * static_cast<std::int64_t>(dtype_size(w.dtype))});
-    if (words.nbytes()) std::memcpy(w_packed.bytes(), words.bytes(), words.nbytes());
-    const std::int64_t k = w_packed.shape()[1] * 8 / sw.bits;
-    w_codes = sw.layout == Layout::swizzled ? unswizzle_scales(*w_scales, w.shape[0], k / sw.group_size)
-                                            : detail::contiguous(*w_scales);
   }
-  const std::int64_t N = w_packed.shape()[0];
-  const std::int64_t K = w_packed.shape()[1] * 8 / sw.bits;
+  const detail::QuantizedOperand wop = detail::check_operand(w_packed, w_codes, nullptr, sw, op);
+  const std::int64_t N = wop.rows, K = wop.K;
   require(x.shape.back() == K, "qqmm: x has K = " + std::to_string(x.shape.back()) + " but w has K = " + std::to_string(K));
   const Quantized qx = quantize(x, sx);
-  const std::int64_t M = K == 0 ? numel(leading(x.shape, 1)) : x.numel() / K;
+  const std::int64_t M = numel(leading(x.shape, 1));
   float alpha = 1.0f;
   if (global_scale_x) alpha = (*global_scale_x * *global_scale_w) * f32_from_bits(kC2688SqBits);
   const std::vector<float> bf = bias_f32(bias, N, op);
   std::vector<float> y(static_cast<std::size_t>(M * N));
-  reference::qqmm(qx.packed.data<std::uint8_t>(), qx.scales.data<std::uint8_t>(), w_packed.data<std::uint8_t>(),
-                  w_codes.data<std::uint8_t>(), M, N, K, sx, alpha, bf.empty() ? nullptr : bf.data(), y.data());
+  const auto* w_bytes = reinterpret_cast<const std::uint8_t*>(wop.packed.data);
+  const auto* w_scale_codes = reinterpret_cast<const std::uint8_t*>(wop.scales.data);
+  if (backend() == Backend::reference) {
+    reference::qqmm(qx.packed.data<std::uint8_t>(), qx.scales.data<std::uint8_t>(), w_bytes, w_scale_codes, M, N, K, sx,
+                    alpha, bf.empty() ? nullptr : bf.data(), y.data());
+  } else {
+    // Two-level values (element times block scale) are exact in float32 on both sides, so their
+    // products are the exact block products; alpha applies once to the float32 sum.
+    QuantSpec two_level = sx;
+    two_level.global_scale.reset();
+    const Tensor xd = dequantize(qx.packed.view(), qx.scales.view(), nullptr, two_level, DType::float32);
+    const cpu::QuantizedMatrix wm{w_bytes, wop.scales.data, nullptr, DType::uint8, N, K, two_level};
+    cpu::quantized_matmul(xd.data<float>(), M, wm, true, nullptr, y.data());
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      const float v = alpha * y[i];
+      y[i] = bf.empty() ? v : v + bf[i % static_cast<std::size_t>(N)];
+    }
+  }
   Shape out_shape = x.shape;
   out_shape.back() = N;
   return to_dtype(y, x.dtype, out_shape);
@@ -199,7 +210,7 @@ Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales
 
 Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& scales, const TensorView* biases,
                   const TensorView* lhs_indices, const TensorView* rhs_indices, bool transpose, const QuantSpec& spec,
-                  bool /*sorted_indices: a speed hint; the reference needs no ordering*/) {
+                  bool /*sorted_indices: a speed hint only; experts are grouped either way*/) {
   const char* op = "gather_qmm";
   if (lhs_indices == nullptr && rhs_indices == nullptr) return quantized_matmul(x, wq, scales, biases, transpose, spec);
   const QuantSpec s = resolve(spec);
@@ -233,9 +244,26 @@ Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& s
 
   const std::vector<float> xf = detail::to_f32(x);
   std::vector<float> y(static_cast<std::size_t>(numel(out_batch) * M * N));
-  for (std::size_t i = 0; i < lmap.size(); ++i) {
-    const std::int64_t li = lhs[static_cast<std::size_t>(lmap[i])], ri = rhs[static_cast<std::size_t>(rmap[i])];
-    matmul_one(xf.data() + li * M * K, M, w, ri, transpose, nullptr, y.data() + static_cast<std::int64_t>(i) * M * N);
+  // All products with the same expert run as one matmul over the stacked rows of x, so each
+  // expert's weights stream once per call. Grouping happens whether or not the caller sorted the
+  // indices, so `sorted_indices` cannot change results.
+  std::vector<std::vector<std::size_t>> by_expert(static_cast<std::size_t>(bw));
+  for (std::size_t i = 0; i < lmap.size(); ++i) by_expert[static_cast<std::size_t>(rhs[static_cast<std::size_t>(rmap[i])])].push_back(i);
+  std::vector<float> xs, ys;
+  for (std::int64_t e = 0; e < bw; ++e) {
+    const std::vector<std::size_t>& outs = by_expert[static_cast<std::size_t>(e)];
+    if (outs.empty()) continue;
+    const std::int64_t rows = static_cast<std::int64_t>(outs.size()) * M;
+    xs.resize(static_cast<std::size_t>(rows * K));
+    ys.resize(static_cast<std::size_t>(rows * N));
+    for (std::size_t j = 0; j < outs.size(); ++j) {
+      const std::int64_t li = lhs[static_cast<std::size_t>(lmap[outs[j]])];
+      std::copy_n(xf.begin() + li * M * K, M * K, xs.begin() + static_cast<std::int64_t>(j) * M * K);
+    }
+    matmul_one(xs.data(), rows, w, e, transpose, nullptr, ys.data());
+    for (std::size_t j = 0; j < outs.size(); ++j)
+      std::copy_n(ys.begin() + static_cast<std::int64_t>(j) * M * N, M * N,
+                  y.begin() + static_cast<std::int64_t>(outs[j]) * M * N);
   }
   Shape out_shape = out_batch;
   out_shape.push_back(M);
