@@ -38,6 +38,13 @@ __all__ = [
     "unswizzle_scales",
     "encode",
     "decode",
+    "set_backend",
+    "backend",
+    "set_cpu_target",
+    "cpu_target",
+    "available_cpu_targets",
+    "set_num_threads",
+    "num_threads",
 ]
 
 __version__ = "0.1.0"
@@ -355,3 +362,45 @@ def decode(codes, fmt):
                         f"{np.dtype(want).name})")
     arr = _c_contig(arr)
     return _core.decode(arr, fmt).reshape(arr.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime settings (include/microscale/runtime.hpp)
+
+def set_backend(name):
+    """Select the backend that runs quantize/dequantize: ``"cpu"`` (default: SIMD kernels and
+    threads) or ``"reference"`` (the scalar executable spec). Both give identical bytes.
+    Process-wide; the environment variable MICROSCALE_BACKEND sets the initial value."""
+    _core.set_backend(_str(name, "name"))
+
+
+def backend():
+    """The backend in use: ``"cpu"`` or ``"reference"``."""
+    return _core.backend()
+
+
+def set_cpu_target(name):
+    """Force the SIMD target of the cpu backend (``"auto"``, ``"avx512_dl"``, ``"avx512"``,
+    ``"avx2"``, ``"sse4"``, ``"emu128"``); ValueError if unknown or not runnable here."""
+    _core.set_cpu_target(_str(name, "name"))
+
+
+def cpu_target():
+    """Name of the SIMD target the cpu kernels dispatch to now."""
+    return _core.cpu_target()
+
+
+def available_cpu_targets():
+    """SIMD targets this build contains and this machine can run, best first."""
+    return list(_core.available_cpu_targets())
+
+
+def set_num_threads(n):
+    """Worker threads per call; ``n <= 0`` restores the default (MICROSCALE_NUM_THREADS, then
+    OMP_NUM_THREADS, then all cores)."""
+    _core.set_num_threads(operator.index(n))
+
+
+def num_threads():
+    """Worker threads per call now."""
+    return _core.num_threads()

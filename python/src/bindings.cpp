@@ -12,6 +12,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "microscale/microscale.hpp"
+#include "microscale/runtime.hpp"
 
 namespace nb = nanobind;
 namespace ms = microscale;
@@ -277,6 +279,18 @@ nb::object py_decode(const InArray& codes, const std::string& fmt_name) {
   return vector_to_numpy(std::move(out), shape);
 }
 
+void py_set_backend(const std::string& name) {
+  if (name == "cpu") {
+    ms::set_backend(ms::Backend::cpu);
+  } else if (name == "reference") {
+    ms::set_backend(ms::Backend::reference);
+  } else {
+    throw ms::Error("unknown backend '" + name + "' (expected cpu or reference)");
+  }
+}
+
+std::string py_backend() { return ms::backend() == ms::Backend::cpu ? "cpu" : "reference"; }
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -306,4 +320,12 @@ NB_MODULE(_core, m) {
   m.def("encode", &py_encode, nb::arg("x"), nb::arg("fmt"),
         "float32 C-contiguous -> uint8 codes (uint16 bits for bf16/f16)");
   m.def("decode", &py_decode, nb::arg("codes"), nb::arg("fmt"));
+
+  m.def("set_backend", &py_set_backend, nb::arg("name"));
+  m.def("backend", &py_backend);
+  m.def("set_cpu_target", &ms::set_cpu_target, nb::arg("name"));
+  m.def("cpu_target", &ms::cpu_target);
+  m.def("available_cpu_targets", &ms::available_cpu_targets);
+  m.def("set_num_threads", &ms::set_num_threads, nb::arg("n"));
+  m.def("num_threads", &ms::num_threads);
 }
