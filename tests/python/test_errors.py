@@ -183,6 +183,9 @@ def test_empty_tensors(mode, kw, dtype):
     for shape in [(0, g), (0, 4 * g), (3, 0), (0,), (0, 0), (2, 0, g), (2, 3, 0)]:
         x = np.zeros(shape, dtype)
         out = microscale.quantize(x, mode=mode, **kw)
+        want = O.quantize(x, mode=mode, **kw)
+        for a, w in zip(out, want):
+            assert_same_bits(a, w, f"empty {shape}")
         lead, K = shape[:-1], shape[-1]
         assert out[0].shape == lead + (K * b // 8,) and out[0].dtype == np.uint8
         assert out[1].shape == lead + (K // g,)
