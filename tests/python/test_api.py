@@ -181,3 +181,15 @@ def test_quantize_is_deterministic_and_thread_safe(rng):
     for r in results:
         for a, b in zip(r, ref):
             assert_same_bits(a, b)
+
+
+def test_misaligned_input_buffer(rng):
+    w = rng.standard_normal((7, 96)).astype(np.float32)
+    buf = bytearray(w.nbytes + 1)
+    buf[1:] = w.tobytes()
+    mis = np.frombuffer(buf, dtype=np.float32, offset=1).reshape(7, 96)
+    assert mis.ctypes.data % 4 != 0
+    for mode in ("nvfp4", "mxfp8", "affine"):
+        kw = {"group_size": 32} if mode == "affine" else {}
+        for a, b in zip(microscale.quantize(mis, mode=mode, **kw), microscale.quantize(w, mode=mode, **kw)):
+            assert_same_bits(a, b)
