@@ -1,5 +1,7 @@
 #include "eval.hpp"
 
+#include "microscale/runtime.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -165,9 +167,13 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
   const Shape shape = {opt.rows, opt.cols};
   const double n = static_cast<double>(opt.rows * opt.cols);
 
-  std::printf("microscale eval: %lld x %lld %s weights, dequantize to %s, median of %d runs\n",
+  const std::string where = backend() == Backend::reference
+                                ? std::string("reference backend (scalar)")
+                                : "cpu backend, target " + cpu_target() + ", " + std::to_string(num_threads()) +
+                                      " thread(s)";
+  std::printf("microscale eval: %lld x %lld %s weights, dequantize to %s, median of %d runs, %s\n",
               static_cast<long long>(opt.rows), static_cast<long long>(opt.cols), dtype_name(opt.dtype),
-              dtype_name(opt.out), opt.repeats);
+              dtype_name(opt.out), opt.repeats, where.c_str());
   std::printf("bits/value counts scales (and affine biases) in the weights' dtype; nvfp4-gs is three-level\n"
               "nvfp4 with global_scale = amax (its 32-bit tensor scale is not counted).\n\n");
   std::printf(kHeader, "matrix", "mode", "bits/val", "rel.error", "SQNR dB", "quant Gel/s", "deq Gel/s");

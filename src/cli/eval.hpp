@@ -18,7 +18,7 @@ struct EvalMode {
 };
 
 struct EvalOptions {
-  std::int64_t rows = 512;
+  std::int64_t rows = 1024;
   std::int64_t cols = 4096;
   std::vector<std::string> modes;     // empty: all of eval_modes()
   std::vector<std::string> matrices;  // empty: all of eval_matrices()

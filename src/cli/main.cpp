@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "eval.hpp"
+#include "microscale/runtime.hpp"
 
 #ifndef MICROSCALE_VERSION
 #define MICROSCALE_VERSION "unknown"
@@ -50,6 +51,14 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", opt.repeats, "timed runs per op (median reported)")->capture_default_str();
   app.add_option("--seed", opt.seed, "seed of the synthetic matrices")->capture_default_str();
   app.add_option("--csv", opt.csv, "also write the table as CSV to this file");
+  std::string backend, target;
+  int threads = 0;
+  app.add_option("--backend", backend, "cpu (SIMD + threads) or reference (scalar executable spec); "
+                                       "default: MICROSCALE_BACKEND or cpu");
+  app.add_option("--cpu-target", target, "force a SIMD target of the cpu backend (auto, avx512_dl, avx512, avx2, "
+                                         "sse4, ssse3, scalar)");
+  app.add_option("--threads", threads, "worker threads of the cpu backend (default: MICROSCALE_NUM_THREADS, "
+                                       "OMP_NUM_THREADS or all cores)");
   CLI::App* eval = app.add_subcommand("eval", "quantization error and throughput of every mode (the default)");
   eval->fallthrough();
 
@@ -63,6 +72,17 @@ int main(int argc, char** argv) {
     opt.matrices = split_commas(matrices);
     opt.dtype = microscale::dtype_from_name(dtype);
     opt.out = microscale::dtype_from_name(out);
+    if (!backend.empty()) {
+      if (backend == "cpu")
+        microscale::set_backend(microscale::Backend::cpu);
+      else if (backend == "reference")
+        microscale::set_backend(microscale::Backend::reference);
+      else
+        throw microscale::Error("--backend must be cpu or reference, got '" + backend + "'");
+    }
+    if (!target.empty()) microscale::set_cpu_target(target);
+    if (threads < 0) throw microscale::Error("--threads must be >= 0, got " + std::to_string(threads));
+    if (threads > 0) microscale::set_num_threads(threads);
     cli::run_eval(opt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "microscale: error: %s\n", e.what());

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Everything CI checks: C++ tests with warnings as errors, the same tests under AddressSanitizer +
+# UndefinedBehaviorSanitizer, and the Python package's tests. Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+PYTHON=${PYTHON:-python3}
+PIP_PACKAGES=(numpy ml_dtypes "mlx[cpu]==0.32.4" pytest nanobind scikit-build-core safetensors)
+
+step "system packages"
+ensure_apt_packages
+
+step "python packages"
+# pip skips what is already satisfied; only call it when an import or the pinned MLX is missing.
+if "$PYTHON" - <<'PY'
+import importlib.metadata as md, sys
+need = {"numpy": None, "ml_dtypes": None, "mlx": "0.32.4", "pytest": None, "nanobind": None,
+        "scikit_build_core": None, "safetensors": None}
+for name, version in need.items():
+    try:
+        v = md.version(name.replace("_", "-"))
+    except md.PackageNotFoundError:
+        try:
+            v = md.version(name)
+        except md.PackageNotFoundError:
+            sys.exit(1)
+    if version and v != version:
+        sys.exit(1)
+PY
+then
+  echo "python packages: all present"
+else
+  "$PYTHON" -m pip install "${PIP_PACKAGES[@]}"
+fi
+
+step "C++ build (Release, -Werror, build/)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_WERROR=ON -DMICROSCALE_BUILD_PYTHON=OFF
+cmake --build build -j "$(jobs)"
+
+step "C++ tests (ctest, build/)"
+ctest --test-dir build --output-on-failure -j "$(jobs)"
+
+step "C++ build with AddressSanitizer + UndefinedBehaviorSanitizer (RelWithDebInfo, build-asan/)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMICROSCALE_WERROR=ON \
+      -DMICROSCALE_SANITIZE=address,undefined -DMICROSCALE_BUILD_PYTHON=OFF -DMICROSCALE_BUILD_BENCH=OFF
+cmake --build build-asan -j "$(jobs)"
+
+step "C++ tests under ASan + UBSan (ctest, build-asan/)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$(jobs)"
+
+step "python package (pip install .)"
+"$PYTHON" -m pip install --no-build-isolation .
+
+step "python tests (pytest tests/python)"
+"$PYTHON" -m pytest tests/python -q
+
+step "all checks passed"
