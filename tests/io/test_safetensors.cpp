@@ -1,4 +1,7 @@
 // safetensors reader and writer on valid files: every dtype, metadata, layout, streaming, views.
+#include <sys/resource.h>
+
+#include <csignal>
 #include <cstring>
 
 #include "io_support.hpp"
@@ -308,6 +311,23 @@ TEST(SafetensorsWriter, ErrorsLeaveNothingBehind) {
   // A successful write replaces the old file.
   save_safetensors(p, {{"a", StDType::u8, {8}, d}});
   EXPECT_EQ(to_bytes(SafetensorsFile::open(p).tensor("a").data), d);
+}
+
+TEST(SafetensorsWriter, IoErrorRemovesTemporaryFile) {
+  // A file size limit makes write() fail with EFBIG midway (SIGXFSZ ignored meanwhile).
+  TempDir dir;
+  const fs::path p = dir / "big.safetensors";
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  Bytes d = pattern(8192);
+  expect_error([&] { save_safetensors(p, {{"x", StDType::u8, {8192}, d}}); }, {"write failed", "File too large"});
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(dir.list().empty());
 }
 
 TEST(SafetensorsWriter, ConcurrentWriterOfSamePathIsRefused) {
