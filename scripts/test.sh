@@ -42,7 +42,8 @@ ctest --test-dir build --output-on-failure -j "$(jobs)"
 
 step "C++ build with AddressSanitizer + UndefinedBehaviorSanitizer (RelWithDebInfo, build-asan/)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMICROSCALE_WERROR=ON \
-      -DMICROSCALE_SANITIZE=address,undefined -DMICROSCALE_BUILD_PYTHON=OFF -DMICROSCALE_BUILD_BENCH=OFF
+      -DMICROSCALE_SANITIZE=address,undefined -DMICROSCALE_BUILD_PYTHON=OFF -DMICROSCALE_BUILD_BENCH=OFF \
+      -DMICROSCALE_BUILD_CLI=OFF
 cmake --build build-asan -j "$(jobs)"
 
 step "C++ tests under ASan + UBSan (ctest, build-asan/)"
