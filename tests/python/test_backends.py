@@ -89,3 +89,30 @@ def test_large_tensor_threads(cfg, runtime):
         outs.append(check_roundtrip(x, mode, kw, out_dtypes=("bfloat16",)))
     for a, b in zip(*outs):
         assert_same_bits(a, b, "1 vs 2 threads")
+
+
+@pytest.mark.parametrize("backend,target", TARGETS, ids=[t or b for b, t in TARGETS])
+def test_every_target_dequantizes_arbitrary_bytes(backend, target, runtime):
+    """All codes (NaN/Inf codes, E8M0 0x00/0xFF, E4M3 0x7F scales) on every target."""
+    select(backend, target)
+    rng = np.random.default_rng(31)
+    for mode, kw in [("nvfp4", {}), ("nvfp4", {"global_scale": 0.75}), ("mxfp4", {}),
+                     ("mxfp8", {}), ("mxfp8", {"elem": "e5m2"})]:
+        g, b = O.MODE_DEFAULTS[mode]
+        K = 9 * g
+        packed = rng.integers(0, 256, size=(67, K * b // 8), dtype=np.uint8)
+        scales = rng.integers(0, 256, size=(67, K // g), dtype=np.uint8)
+        for dt in ("float32", "float16", "bfloat16"):
+            y = microscale.dequantize(packed, scales, mode=mode, dtype=dt, **kw)
+            assert_same_bits(y, O.dequantize(packed, scales, mode=mode, dtype=dt, **kw),
+                             f"{mode} {kw} -> {dt}")
+    for bits in (2, 3, 4, 5, 6, 8):
+        K = 5 * 32
+        packed = rng.integers(0, 256, size=(33, K * bits // 8), dtype=np.uint8)
+        for sdt in FLOAT_DTYPES:
+            s = (rng.standard_normal((33, 5)) * 0.1).astype(np.float32).astype(sdt)
+            bb = rng.standard_normal((33, 5)).astype(np.float32).astype(sdt)
+            for dt in ("float32", "bfloat16"):
+                y = microscale.dequantize(packed, s, bb, mode="affine", group_size=32, bits=bits, dtype=dt)
+                want = O.dequantize(packed, s, bb, mode="affine", group_size=32, bits=bits, dtype=dt)
+                assert_same_bits(y, want, f"affine bits={bits} {sdt} -> {dt}")
