@@ -193,3 +193,20 @@ def test_misaligned_input_buffer(rng):
         kw = {"group_size": 32} if mode == "affine" else {}
         for a, b in zip(microscale.quantize(mis, mode=mode, **kw), microscale.quantize(w, mode=mode, **kw)):
             assert_same_bits(a, b)
+
+
+def test_module_docstring_examples():
+    import doctest
+    res = doctest.testmod(microscale, verbose=False)
+    assert res.attempted >= 5 and res.failed == 0
+
+
+def test_readme_python_examples_run():
+    import os
+    import re
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    assert blocks, "README.md has no python example"
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
