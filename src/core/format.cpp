@@ -97,6 +97,8 @@ QuantSpec resolve(const QuantSpec& spec) {
             "the swizzled scale layout is for fp modes only (affine scales are floats)");
   }
   require(r.elem == Elem::e4m3 || r.mode == Mode::mxfp8, "elem is an mxfp8 option");
+  require(r.scale_rule == ScaleRule::ceil || r.mode == Mode::mxfp4 || r.mode == Mode::mxfp8,
+          std::string("scale_rule '") + name(r.scale_rule) + "' is an option of the E8M0-scaled modes (mxfp4, mxfp8)");
   if (r.global_scale) {
     require(r.mode == Mode::nvfp4, "global_scale is only supported by nvfp4");
     const float g = *r.global_scale;

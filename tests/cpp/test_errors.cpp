@@ -200,3 +200,16 @@ TEST(Format, BitsPerValue) {
 }
 
 }  // namespace
+
+TEST(Errors, ScaleRuleOnlyForMxModes) {
+  for (ms::Mode mode : {ms::Mode::nvfp4, ms::Mode::affine}) {
+    ms::QuantSpec s;
+    s.mode = mode;
+    s.scale_rule = ms::ScaleRule::floor;
+    EXPECT_THROW(ms::resolve(s), ms::Error);
+  }
+  ms::QuantSpec s;
+  s.mode = ms::Mode::mxfp4;
+  s.scale_rule = ms::ScaleRule::floor;
+  EXPECT_NO_THROW(ms::resolve(s));
+}
