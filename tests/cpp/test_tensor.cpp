@@ -137,6 +137,23 @@ TEST(Tensor, StridedLoosePartsInDequantize) {
   });
 }
 
+TEST(Tensor, MlxUint32PackedWordsDequantizeLikeBytes) {
+  for_each_backend([&] {
+    // MLX stores w_q as uint32 [..., K*bits/32]: the same little-endian bytes.
+    std::vector<float> x = make_data(3 * 128, Dist::student_t3, 14);
+    for (const ms::QuantSpec& s : every_mode()) {
+      ms::Quantized q = ms::quantize(view(x, {3, 128}), s);
+      const std::vector<std::uint32_t> words = le_words(bytes(q.packed));
+      const TensorView wv(words.data(), DType::uint32, {3, 128 * q.spec.bits / 32});
+      const TensorView bv = s.mode == ms::Mode::affine ? q.biases.view() : TensorView();
+      Tensor y = ms::dequantize(wv, q.scales.view(), s.mode == ms::Mode::affine ? &bv : nullptr, q.spec,
+                                DType::float32);
+      EXPECT_EQ(y.shape(), (Shape{3, 128})) << ms::name(s.mode);
+      EXPECT_EQ(values(y), values(ms::dequantize(q, DType::float32))) << ms::name(s.mode);
+    }
+  });
+}
+
 TEST(Tensor, RanksOneThreeFour) {
   for_each_backend([&] {
     std::vector<float> x = make_data(2 * 3 * 2 * 128, Dist::student_t3, 13);
