@@ -141,7 +141,7 @@ struct RefFp {
 };
 
 // nvfp4, FORMATS.md 2.1; finite inputs.
-inline RefFp ref_nvfp4(const std::vector<float>& x, std::int64_t K, std::optional<float> amax) {
+inline RefFp ref_nvfp4(const std::vector<float>& x, std::optional<float> amax) {
   float s_enc = 1.0f, s_dec = 1.0f;
   if (amax) {
     s_enc = 2688.0f / *amax;
@@ -163,7 +163,6 @@ inline RefFp ref_nvfp4(const std::vector<float>& x, std::int64_t K, std::optiona
     for (int i = 0; i < 16; ++i) r.codes[b0 + i] = rn_sat(Fmt::e2m1, x[b0 + i] * enc);
     r.scales.push_back(s);
   }
-  (void)K;
   return r;
 }
 // Dequantized f32 value of one nvfp4 element.

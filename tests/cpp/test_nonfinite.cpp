@@ -173,7 +173,7 @@ TEST(NonFinite, SaturateNvfp4) {
       EXPECT_EQ(nib(q, 0), 0x7);
       EXPECT_EQ(nib(q, 1), 0xF);
       EXPECT_EQ(nib(q, 2), 0x7);
-      RefFp r = ref_nvfp4({448.0f * 6, 100.0f, -300.0f, 1.0f, 0, -0.0f, 224.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 16, gs);
+      RefFp r = ref_nvfp4({448.0f * 6, 100.0f, -300.0f, 1.0f, 0, -0.0f, 224.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0}, gs);
       ASSERT_EQ(r.scales[0], 0x7E);
       for (int i = 3; i < 16; ++i) EXPECT_EQ(nib(q, i), r.codes[static_cast<std::size_t>(i - 2)]) << i;
     }

@@ -114,7 +114,7 @@ TEST_P(RandomRoundTrip, AffineWithinHalfStep) {
           // The stored step is range/n adjusted so an edge is exact: |q0| moves by at most 1/2, so
           // |scale| <= range / (n - 1) (and >= range / (n + 1)).
           const double step = std::fabs(static_cast<double>(sc[g]));
-          ASSERT_LE(step, range / (n - 1 + 0.0) * (1 + 1e-6) + 1e-30) << "bits " << bits << " group " << group;
+          ASSERT_LE(step, range / (n - 1.0) * (1 + 1e-6) + 1e-30) << "bits " << bits << " group " << group;
           ASSERT_GE(step, range / (n + 1.0) * (1 - 1e-6)) << "bits " << bits << " group " << group;
           for (int i = 0; i < group; ++i) {
             const double err = std::fabs(static_cast<double>(x[g0 + i]) - static_cast<double>(y[g0 + i]));
