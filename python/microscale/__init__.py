@@ -404,3 +404,11 @@ def set_num_threads(n):
 def num_threads():
     """Worker threads per call now."""
     return _core.num_threads()
+
+
+# Quantized matrix products and the layers built on them (FORMATS.md section 6).
+from .matmul import gather_qmm, qqmm, quantized_matmul  # noqa: E402
+from .layers import QQLinear, QuantizedEmbedding, QuantizedLinear  # noqa: E402
+
+__all__ += ["quantized_matmul", "qqmm", "gather_qmm", "QuantizedLinear", "QuantizedEmbedding",
+            "QQLinear"]

@@ -1,0 +1,237 @@
+"""Inference layers over the quantized products, with the semantics of the C++ layers
+(include/microscale/layers.hpp). Their quantized parts are plain numpy attributes (``weight``
+packed uint8, ``scales``, ``biases``, ``global_scale``, ``bias``) next to ``mode``,
+``group_size`` and ``bits``, so they can be inspected or saved as they are.
+
+>>> import numpy as np, microscale
+>>> rng = np.random.default_rng(0)
+>>> w = rng.standard_normal((32, 64)).astype(np.float32)
+>>> layer = microscale.QuantizedLinear.from_linear(w, mode="nvfp4")   # three-level by default
+>>> layer(rng.standard_normal((2, 64)).astype(np.float32)).shape
+(2, 32)
+>>> emb = microscale.QuantizedEmbedding.from_embedding(w, mode="affine", bits=4)
+>>> emb(np.array([[3, 1]])).shape
+(1, 2, 64)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import (_NAME_TO_DTYPE, _core, _dtype_name, _float_input, _global_scale_arg, _opt_int, _out,
+               _str, dequantize, global_scale)
+from .matmul import _indices, qqmm, quantized_matmul
+
+__all__ = ["QuantizedLinear", "QuantizedEmbedding", "QQLinear"]
+
+
+def _quantize_weight(weight, layer, mode, group_size, bits, global_scale_, use_global_scale,
+                     scale_rule, nonfinite, elem):
+    """Quantize a 2-D float weight as the C++ layers do: compact scales, and for nvfp4 the
+    weight's own amax as global scale unless one is given or use_global_scale is False."""
+    arr, name = _float_input(weight, f"{layer}: weight")
+    if arr.ndim != 2:
+        raise ValueError(f"{layer}: weight must be 2-D, got shape {arr.shape}")
+    mode = _str(mode, "mode")
+    if mode == "nvfp4" and use_global_scale and global_scale_ is None:
+        global_scale_ = global_scale(weight)
+    gs = _global_scale_arg(global_scale_)
+    packed, scales, biases, group_size, bits = _core.quantize(
+        arr, name, mode, _opt_int(group_size, "group_size"), _opt_int(bits, "bits"),
+        _str(scale_rule, "scale_rule"), _str(nonfinite, "nonfinite"), "compact", _str(elem, "elem"),
+        gs)
+    return dict(weight=_out(packed), scales=_out(scales),
+                biases=None if biases is None else _out(biases), mode=mode, group_size=group_size,
+                bits=bits, global_scale=None if gs is None else np.float32(gs), elem=elem)
+
+
+def _copy_bias(bias, n, layer):
+    """A copy of a float ``[n]`` bias in the dtype it was given in, or None."""
+    if bias is None:
+        return None
+    arr, _ = _float_input(bias, f"{layer}: bias")
+    if arr.shape != (n,):
+        raise ValueError(f"{layer}: bias must have shape ({n},), got {arr.shape}")
+    return np.array(bias, copy=True)
+
+
+# (group_size, bits) each mode uses when given None.
+_DEFAULTS = {"nvfp4": (16, 4), "mxfp4": (32, 4), "mxfp8": (32, 8), "affine": (64, 4)}
+
+
+class _QuantizedWeight:
+    """Holds a quantized 2-D weight [rows, K] and the arguments that decode it."""
+
+    def __init__(self, weight, scales, biases=None, mode="nvfp4", group_size=None, bits=None,
+                 global_scale=None, elem="e4m3"):
+        self.weight = np.asarray(weight)
+        self.scales = np.asarray(scales)
+        self.biases = None if biases is None else np.asarray(biases)
+        self.mode = _str(mode, "mode")
+        default_group, default_bits = _DEFAULTS.get(self.mode, (None, None))
+        self.group_size = default_group if group_size is None else group_size
+        self.bits = default_bits if bits is None else bits
+        self.global_scale = None if global_scale is None else np.float32(
+            _global_scale_arg(global_scale))
+        self.elem = elem
+
+    def _matmul(self, x, bias=None):
+        return quantized_matmul(x, self.weight, self.scales, self.biases, True, self.mode,
+                                self.group_size, self.bits, self.global_scale, self.elem, bias)
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(packed shape={tuple(self.weight.shape)}, "
+                f"mode={self.mode!r}, group_size={self.group_size}, bits={self.bits}, "
+                f"global_scale={self.global_scale})")
+
+
+class QuantizedLinear(_QuantizedWeight):
+    """``y = x @ W^T + bias`` with W ``[out_features, in_features]`` quantized once.
+
+    Build with :meth:`from_linear`, or from existing parts (e.g. a checkpoint) with the
+    constructor: ``QuantizedLinear(weight, scales, biases=None, bias=None, mode=..., group_size=...,
+    bits=..., global_scale=..., elem=...)``.
+    """
+
+    def __init__(self, weight, scales, biases=None, bias=None, mode="nvfp4", group_size=None,
+                 bits=None, global_scale=None, elem="e4m3"):
+        super().__init__(weight, scales, biases, mode, group_size, bits, global_scale, elem)
+        self.bias = None if bias is None else np.asarray(bias)
+
+    @classmethod
+    def from_linear(cls, weight, bias=None, mode="nvfp4", group_size=None, bits=None,
+                    use_global_scale=True, global_scale=None, scale_rule="ceil",
+                    nonfinite="propagate", elem="e4m3"):
+        """Quantize a float ``[N, K]`` weight (and keep an optional float ``[N]`` bias in its
+        dtype). nvfp4 weights are three-level with their own amax as global scale unless
+        ``global_scale`` is given or ``use_global_scale`` is False."""
+        parts = _quantize_weight(weight, "QuantizedLinear", mode, group_size, bits, global_scale,
+                                 use_global_scale, scale_rule, nonfinite, elem)
+        n = parts["weight"].shape[0]
+        return cls(bias=_copy_bias(bias, n, "QuantizedLinear"), **parts)
+
+    @property
+    def in_features(self):
+        return self.weight.shape[-1] * 8 // self.bits
+
+    @property
+    def out_features(self):
+        return self.weight.shape[0]
+
+    def __call__(self, x):
+        """``x [..., in_features]`` -> ``[..., out_features]`` (see :func:`quantized_matmul`)."""
+        return self._matmul(x, self.bias)
+
+    forward = __call__
+
+
+class QuantizedEmbedding(_QuantizedWeight):
+    """Row lookup in a quantized ``[V, D]`` table; only the selected rows are dequantized.
+    :meth:`as_linear` multiplies by the table's transpose (tied output heads)."""
+
+    def __init__(self, weight, scales, biases=None, mode="nvfp4", group_size=None, bits=None,
+                 global_scale=None, elem="e4m3", dtype="float32"):
+        super().__init__(weight, scales, biases, mode, group_size, bits, global_scale, elem)
+        self.dtype = _NAME_TO_DTYPE[_dtype_name(dtype)]
+
+    @classmethod
+    def from_embedding(cls, table, mode="nvfp4", group_size=None, bits=None,
+                       use_global_scale=True, global_scale=None, scale_rule="ceil",
+                       nonfinite="propagate", elem="e4m3"):
+        """Quantize a float ``[V, D]`` table; lookups return the table's dtype."""
+        parts = _quantize_weight(table, "QuantizedEmbedding", mode, group_size, bits, global_scale,
+                                 use_global_scale, scale_rule, nonfinite, elem)
+        return cls(dtype=np.asarray(table).dtype, **parts)
+
+    @property
+    def num_embeddings(self):
+        return self.weight.shape[0]
+
+    @property
+    def dims(self):
+        return self.weight.shape[-1] * 8 // self.bits
+
+    def __call__(self, indices):
+        """int32 / int64 / uint32 indices of any shape, each in ``[0, V)`` -> ``indices.shape +
+        (D,)`` in the table's dtype, equal to the dequantized table's rows."""
+        idx, _ = _indices(indices, "QuantizedEmbedding: indices")
+        if idx is None:
+            raise TypeError("QuantizedEmbedding: indices must be an integer array, got None")
+        flat = idx.reshape(-1)
+        bad = np.flatnonzero((flat < 0) | (flat >= self.num_embeddings))
+        if bad.size:
+            raise ValueError(f"QuantizedEmbedding: indices value {flat[bad[0]]} at position "
+                             f"{bad[0]} is out of range [0, {self.num_embeddings})")
+        return dequantize(self.weight[idx], self.scales[idx],
+                          None if self.biases is None else self.biases[idx], mode=self.mode,
+                          global_scale=self.global_scale, dtype=self.dtype,
+                          group_size=self.group_size, bits=self.bits, elem=self.elem)
+
+    forward = __call__
+
+    def as_linear(self, x):
+        """``x [..., D]`` -> ``x @ table^T`` ``[..., V]`` (see :func:`quantized_matmul`)."""
+        return self._matmul(x)
+
+
+class QQLinear(_QuantizedWeight):
+    """``y = x @ W^T + bias`` with both operands quantized (nvfp4, mxfp4, mxfp8): the weight
+    once, the activations on every call, exactly as :func:`qqmm` does.
+
+    nvfp4 weights are three-level, and the activations use their own amax per call (dynamic
+    per-tensor scale) until :meth:`calibrate` freezes a static one (``input_global_scale``).
+    """
+
+    def __init__(self, weight, scales, bias=None, mode="nvfp4", group_size=None, bits=None,
+                 global_scale=None, input_global_scale=None, scale_rule="ceil",
+                 nonfinite="propagate", elem="e4m3"):
+        super().__init__(weight, scales, None, mode, group_size, bits, global_scale, elem)
+        self.bias = None if bias is None else np.asarray(bias)
+        self.input_global_scale = None if input_global_scale is None else np.float32(
+            _global_scale_arg(input_global_scale))
+        self.scale_rule = scale_rule
+        self.nonfinite = nonfinite
+
+    @classmethod
+    def from_linear(cls, weight, bias=None, mode="nvfp4", group_size=None, bits=None,
+                    global_scale=None, scale_rule="ceil", nonfinite="propagate", elem="e4m3"):
+        """Quantize a float ``[N, K]`` weight (nvfp4: three-level, with its amax unless
+        ``global_scale`` is given). ``scale_rule``, ``nonfinite`` and ``elem`` apply to the
+        weight and to every activation."""
+        if mode == "affine":
+            raise ValueError("QQLinear: mode must be nvfp4, mxfp4 or mxfp8")
+        parts = _quantize_weight(weight, "QQLinear", mode, group_size, bits, global_scale, True,
+                                 scale_rule, nonfinite, elem)
+        del parts["biases"]
+        n = parts["weight"].shape[0]
+        return cls(bias=_copy_bias(bias, n, "QQLinear"), scale_rule=scale_rule,
+                   nonfinite=nonfinite, **parts)
+
+    @property
+    def in_features(self):
+        return self.weight.shape[-1] * 8 // self.bits
+
+    @property
+    def out_features(self):
+        return self.weight.shape[0]
+
+    def calibrate(self, batches):
+        """Freeze the activation global scale (nvfp4) at the largest amax over ``batches`` (an
+        iterable of float arrays), as torchao's static NVFP4 flow. Returns self."""
+        if self.mode != "nvfp4":
+            raise ValueError("QQLinear.calibrate: only nvfp4 uses an activation global scale")
+        amaxes = [global_scale(b) for b in batches]
+        if not amaxes:
+            raise ValueError("QQLinear.calibrate: no calibration batches")
+        self.input_global_scale = np.float32(max(amaxes))
+        return self
+
+    def __call__(self, x):
+        """``x [..., in_features]`` -> ``[..., out_features]`` in x's dtype."""
+        gx = None
+        if self.global_scale is not None:
+            gx = self.input_global_scale if self.input_global_scale is not None else global_scale(x)
+        return qqmm(x, self.weight, self.scales, self.mode, self.group_size, self.bits, gx,
+                    self.global_scale, self.scale_rule, self.nonfinite, self.elem, self.bias)
+
+    forward = __call__

@@ -1,0 +1,145 @@
+"""Matrix products with quantized weights (FORMATS.md section 6), shaped like MLX's
+``mx.quantized_matmul``, ``mx.qqmm`` and ``mx.gather_qmm``.
+
+>>> import numpy as np, microscale
+>>> rng = np.random.default_rng(0)
+>>> w = rng.standard_normal((32, 64)).astype(np.float32)          # [N, K]
+>>> x = rng.standard_normal((4, 64)).astype(np.float32)           # [M, K]
+>>> wq, scales = microscale.quantize(w, mode="nvfp4")
+>>> microscale.quantized_matmul(x, wq, scales, mode="nvfp4").shape  # x @ dequantize(w)^T
+(4, 32)
+>>> microscale.qqmm(x, w, mode="mxfp8").shape                      # both operands quantized
+(4, 32)
+
+Every product accumulates in float32, using the float32 value :func:`microscale.dequantize` gives
+for each weight, and is rounded to the output dtype once. The summation order is unspecified, so
+results agree with a float64 reference to a K-proportional tolerance, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import (_FLOAT_NAMES, _any_input, _as_array, _c_contig, _core, _float_input,
+               _global_scale_arg, _opt_int, _out, _str)
+
+__all__ = ["quantized_matmul", "qqmm", "gather_qmm"]
+
+_INDEX_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64",
+                 np.dtype(np.uint32): "uint32"}
+
+
+def _packed(w_q, what="w_q"):
+    """uint8 packed values; MLX's uint32 ``w_q`` is read as its little-endian bytes."""
+    arr, name = _any_input(w_q, what, {"uint8", "uint32"})
+    if name == "uint32":
+        if arr.ndim == 0:
+            raise ValueError(f"{what} must have rank >= 1")
+        arr = _c_contig(arr).astype("<u4", copy=False)
+        arr = arr.view(np.uint8).reshape(arr.shape[:-1] + (arr.shape[-1] * 4,))
+    return arr
+
+
+def _optional(a, what, allowed):
+    """(array, dtype name) or (None, "") for an optional argument."""
+    if a is None:
+        return None, ""
+    return _any_input(a, what, allowed)
+
+
+def _indices(a, what):
+    """(array, dtype name) of an int32 / int64 / uint32 index array, or (None, "")."""
+    if a is None:
+        return None, ""
+    arr = _as_array(a, what)
+    name = _INDEX_DTYPES.get(arr.dtype)
+    if name is None:
+        raise TypeError(f"{what}: unsupported dtype {arr.dtype} (expected int32, int64 or uint32)")
+    return arr, name
+
+
+_FLOATS = {"float32", "float16", "bfloat16"}
+_SCALES = {"uint8", "float32", "float16", "bfloat16"}
+
+
+def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", group_size=None,
+                     bits=None, global_scale_w=None, elem="e4m3", bias=None):
+    """``x @ W^T`` (``transpose=True``) or ``x @ W`` with W given as :func:`microscale.quantize`
+    returns it.
+
+    Args:
+      x: float32, float16 or ml_dtypes.bfloat16 ``[..., M, K]`` (1-D ``[K]`` is one row and the
+        result drops that axis).
+      w_q, scales, biases: the quantized weight. ``transpose=True``: W is logical ``[..., N, K]``,
+        ``w_q`` uint8 ``[..., N, K*bits/8]`` (or MLX's uint32 ``[..., N, K*bits/32]``) with groups
+        along K; ``transpose=False``: W is logical ``[..., K, N]`` with groups along N. Batch axes
+        of x and W broadcast. ``biases`` is required for affine and refused otherwise.
+      mode, group_size, bits, elem: as given to :func:`microscale.quantize`.
+      global_scale_w: nvfp4 three-level weights: the amax passed to :func:`microscale.quantize`.
+      bias: optional float ``[N]`` added in float32 before the single rounding.
+
+    Returns:
+      ``[..., M, N]`` in x's dtype; affine: float32 unless x and the scales share a half dtype.
+    """
+    xa, xname = _float_input(x, "x")
+    sa, sname = _any_input(scales, "scales", _SCALES)
+    ba, bname = _optional(biases, "biases", _FLOATS)
+    ya, yname = _optional(bias, "bias", _FLOATS)
+    return _out(_core.quantized_matmul(
+        xa, xname, _packed(w_q), sa, sname, ba, bname, bool(transpose), _str(mode, "mode"),
+        _opt_int(group_size, "group_size"), _opt_int(bits, "bits"), _str(elem, "elem"),
+        _global_scale_arg(global_scale_w), ya, yname))
+
+
+def qqmm(x, w, scales=None, mode="nvfp4", group_size=None, bits=None, global_scale_x=None,
+         global_scale_w=None, scale_rule="ceil", nonfinite="propagate", elem="e4m3", bias=None):
+    """``x @ w^T`` with both operands quantized (modes nvfp4, mxfp4, mxfp8).
+
+    x (float, ``[..., K]``) is quantized on every call exactly as :func:`microscale.quantize`
+    does with the same arguments (and ``global_scale=global_scale_x``). w is 2-D: either float
+    ``[N, K]`` (quantized here with ``global_scale_w``) or packed uint8 / uint32 with its uint8
+    ``scales``. Per K-block the exact block dot product is scaled by the two block scales; for
+    three-level nvfp4 (both global scales given; one alone is an error) the float32 sum is
+    multiplied by ``(global_scale_x * global_scale_w) / 2688**2``. Returns ``[..., N]`` in x's
+    dtype; optional float ``bias [N]`` is added before rounding.
+    """
+    xa, xname = _float_input(x, "x")
+    w_arr = _as_array(w, "w")
+    if w_arr.dtype in _FLOAT_NAMES:
+        wa, wname = _float_input(w_arr, "w")
+    elif w_arr.dtype in (np.uint8, np.uint32):
+        wa, wname = _packed(w_arr, "w"), "uint8"
+    else:
+        raise TypeError(f"w: unsupported dtype {w_arr.dtype} (expected float32, float16, "
+                        "ml_dtypes.bfloat16, or packed uint8 / uint32)")
+    sa, _ = _optional(scales, "scales", {"uint8"})
+    ya, yname = _optional(bias, "bias", _FLOATS)
+    return _out(_core.qqmm(
+        xa, xname, wa, wname, sa, _str(mode, "mode"), _opt_int(group_size, "group_size"),
+        _opt_int(bits, "bits"), _str(scale_rule, "scale_rule"), _str(nonfinite, "nonfinite"),
+        _str(elem, "elem"), _global_scale_arg(global_scale_x), _global_scale_arg(global_scale_w),
+        ya, yname))
+
+
+def gather_qmm(x, w_q, scales, biases=None, lhs_indices=None, rhs_indices=None, transpose=True,
+               mode="nvfp4", group_size=None, bits=None, global_scale_w=None, elem="e4m3",
+               sorted_indices=False):
+    """Mixture-of-experts product: ``out[i] = x[lhs[i]] @ W[rhs[i]]^T`` (or ``@ W[rhs[i]]``).
+
+    ``lhs_indices`` index the flattened batch axes of x (``x.shape[:-2]``), ``rhs_indices`` those
+    of the quantized weight (``[E, N, K*bits/8]`` for E experts); int32, int64 or uint32 arrays,
+    in range. A missing one defaults to arange over its operand's batch (shaped like it); the two
+    broadcast and the result is ``broadcast(lhs, rhs).shape + (M, N)``. Both missing is
+    :func:`quantized_matmul`. ``sorted_indices`` is a speed hint only: results never depend on
+    it. Other arguments as in :func:`quantized_matmul`; for top-k routing pass x as
+    ``[T, 1, 1, K]`` and ``rhs_indices`` as ``[T, k]``.
+    """
+    xa, xname = _float_input(x, "x")
+    sa, sname = _any_input(scales, "scales", _SCALES)
+    ba, bname = _optional(biases, "biases", _FLOATS)
+    la, lname = _indices(lhs_indices, "lhs_indices")
+    ra, rname = _indices(rhs_indices, "rhs_indices")
+    return _out(_core.gather_qmm(
+        xa, xname, _packed(w_q), sa, sname, ba, bname, la, lname, ra, rname, bool(transpose),
+        _str(mode, "mode"), _opt_int(group_size, "group_size"), _opt_int(bits, "bits"),
+        _str(elem, "elem"), _global_scale_arg(global_scale_w), bool(sorted_indices)))
