@@ -61,24 +61,23 @@ QuantizedEmbedding QuantizedEmbedding::from_embedding(const TensorView& table, c
 Tensor QuantizedEmbedding::forward(const TensorView& indices) const {
   const std::int64_t V = table.shape[0], D = table.shape[1];
   const std::vector<std::int64_t> rows = detail::read_indices(indices, V, "QuantizedEmbedding", "indices");
+  const auto n = static_cast<std::int64_t>(rows.size());
+  // Gather the selected rows' bytes, then dequantize just those in one call.
+  auto gather = [&](const Tensor& t) {
+    const std::int64_t width = t.shape()[1];
+    Tensor out(t.dtype(), {n, width});
+    const std::size_t row_bytes = static_cast<std::size_t>(width) * dtype_size(t.dtype());
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      std::memcpy(out.bytes() + i * row_bytes, t.bytes() + static_cast<std::size_t>(rows[i]) * row_bytes, row_bytes);
+    return out;
+  };
+  const Tensor packed = gather(table.packed), scales = gather(table.scales);
+  const bool affine = table.spec.mode == Mode::affine;
+  const Tensor biases = affine ? gather(table.biases) : Tensor();
+  const TensorView bv = affine ? biases.view() : TensorView();
   Shape out_shape = indices.shape;
   out_shape.push_back(D);
-  Tensor out(dtype, out_shape);
-  const std::int64_t groups = table.scales.shape()[1];
-  const std::size_t row_bytes = static_cast<std::size_t>(table.packed.shape()[1]);
-  const std::size_t scale_bytes = static_cast<std::size_t>(groups) * dtype_size(table.scales.dtype());
-  const std::size_t out_row = static_cast<std::size_t>(D) * dtype_size(dtype);
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::size_t r = static_cast<std::size_t>(rows[i]);
-    const TensorView packed(table.packed.bytes() + r * row_bytes, DType::uint8, {1, table.packed.shape()[1]});
-    const TensorView scales(table.scales.bytes() + r * scale_bytes, table.scales.dtype(), {1, groups});
-    const TensorView biases = table.spec.mode == Mode::affine
-                                  ? TensorView(table.biases.bytes() + r * scale_bytes, table.biases.dtype(), {1, groups})
-                                  : TensorView();
-    const Tensor row = dequantize(packed, scales, table.spec.mode == Mode::affine ? &biases : nullptr, table.spec, dtype);
-    std::memcpy(out.bytes() + i * out_row, row.bytes(), out_row);
-  }
-  return out;
+  return dequantize(packed.view(), scales.view(), affine ? &bv : nullptr, table.spec, dtype).reshaped(out_shape);
 }
 
 Tensor QuantizedEmbedding::as_linear(const TensorView& x) const { return quantized_matmul(x, table, true); }
