@@ -1,0 +1,70 @@
+// Internal host-side plumbing of the CUDA backend: error checks, stream-ordered scratch memory,
+// argument checks shared by the ops, and the entry points one translation unit offers another.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "cuda/blocks.cuh"
+#include "microscale/cuda.hpp"
+
+namespace microscale::cuda::detail {
+
+// Throws Error("<what>: <CUDA error name>: <description>") unless e is cudaSuccess.
+void check(cudaError_t e, const std::string& what);
+
+inline void require(bool ok, const std::string& msg) {
+  if (!ok) throw Error(msg);
+}
+
+inline std::int64_t roundup(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+
+// Device memory owned until the end of scope, allocated and freed in stream order.
+class Scratch {
+ public:
+  Scratch(std::size_t bytes, Stream stream);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  Stream stream_;
+};
+
+// A DeviceTensor that owns its memory (a Scratch).
+struct ScratchTensor {
+  Scratch mem;
+  DeviceTensor view;
+  ScratchTensor(DType dtype, Shape shape, Stream stream)
+      : mem(static_cast<std::size_t>(numel(shape)) * dtype_size(dtype), stream),
+        view{mem.get(), dtype, std::move(shape)} {}
+};
+
+// Checks dtype, shape and pointer (non-null when non-empty, 16-byte aligned) of a view.
+void check_tensor(const DeviceTensor& t, DType dtype, const Shape& shape, const std::string& what);
+// Same for any float dtype.
+void check_float_tensor(const DeviceTensor& t, const Shape& shape, const std::string& what);
+void check_pointer(const DeviceTensor& t, const std::string& what);
+
+// A quantized operand checked against its resolved spec. q.rows counts all leading axes
+// (flattened); the matmuls reinterpret them as batches of matrices.
+struct Operand {
+  QuantizedArgs q;
+  Shape shape;  // logical [..., K]
+};
+Operand check_operand(const DeviceQuantized& w, const QuantSpec& resolved, const std::string& op);
+
+// Compact uint8 scales [R, C] to the zero-padded swizzled layout [roundup(R,128), roundup(C,4)].
+void swizzle(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::uint8_t* out, Stream stream);
+
+// y [M, N] float32 = alpha * (x @ w^T) through cuBLASLt's block-scaled GEMM (sm_100+): x and w
+// quantized under `spec` (nvfp4, mxfp4 or mxfp8) with swizzled scales. Returns false, having
+// queued nothing, when this device or cuBLASLt cannot run the mode, element types or shape.
+bool cublaslt_block_scaled(const QuantSpec& spec, const void* x_packed, const void* x_scales, const void* w_packed,
+                           const void* w_scales, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, float* y,
+                           Stream stream);
+
+}  // namespace microscale::cuda::detail

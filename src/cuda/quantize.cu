@@ -1,0 +1,238 @@
+// amax, quantize, dequantize and scale swizzling on the device, plus the shared host plumbing.
+// Kernels are grid-stride loops over independent work items (a group to quantize, eight values
+// to decode) that call the blocks.cuh functions; built with --fmad=false, so every float
+// operation rounds exactly as the CPU reference's.
+#include <cuda_runtime.h>
+
+#include "cuda/device.hpp"
+
+namespace microscale::cuda {
+namespace detail {
+
+void check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess)
+    throw Error("microscale::cuda " + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+Scratch::Scratch(std::size_t bytes, Stream stream) : stream_(stream) {
+  if (bytes) check(cudaMallocAsync(&ptr_, bytes, stream), "scratch allocation");
+}
+Scratch::~Scratch() {
+  if (ptr_) cudaFreeAsync(ptr_, stream_);  // a destructor cannot throw; a failure here shows up later
+}
+
+void check_pointer(const DeviceTensor& t, const std::string& what) {
+  if (t.numel() == 0) return;
+  require(t.data != nullptr, what + ": null data pointer for a non-empty tensor");
+  require(reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0, what + ": device pointer must be 16-byte aligned");
+}
+
+void check_tensor(const DeviceTensor& t, DType dtype, const Shape& shape, const std::string& what) {
+  require(t.dtype == dtype && t.shape == shape, what + " must be " + dtype_name(dtype) + " " + shape_str(shape) +
+                                                    ", got " + dtype_name(t.dtype) + " " + shape_str(t.shape));
+  check_pointer(t, what);
+}
+
+void check_float_tensor(const DeviceTensor& t, const Shape& shape, const std::string& what) {
+  require(is_float(t.dtype), what + " must be float32, float16 or bfloat16, got " + dtype_name(t.dtype));
+  check_tensor(t, t.dtype, shape, what);
+}
+
+Operand check_operand(const DeviceQuantized& w, const QuantSpec& s, const std::string& op) {
+  const std::string where = op + " (" + name(s.mode) + ")";
+  require(w.packed.dtype == DType::uint8, where + ": packed values must be uint8, got " + dtype_name(w.packed.dtype));
+  require(!w.packed.shape.empty(), where + ": packed values must have rank >= 1");
+  const std::int64_t row_bytes = w.packed.shape.back();
+  require(row_bytes * 8 % s.bits == 0, where + ": " + std::to_string(row_bytes) +
+                                           " packed bytes per row do not hold whole " + std::to_string(s.bits) +
+                                           "-bit values");
+  Operand o;
+  const std::int64_t K = row_bytes * 8 / s.bits;
+  require(K % s.group_size == 0, where + ": " + std::to_string(K) + " values per row are not divisible by group_size " +
+                                     std::to_string(s.group_size));
+  o.shape = w.packed.shape;
+  o.shape.back() = K;
+  const std::int64_t rows = numel(Shape(o.shape.begin(), o.shape.end() - 1)), groups = K / s.group_size;
+  Shape compact = o.shape;
+  compact.back() = groups;
+  check_pointer(w.packed, where + ": packed values");
+  const bool affine = s.mode == Mode::affine;
+  if (affine) {
+    check_float_tensor(w.scales, compact, where + ": scales");
+    check_tensor(w.biases, w.scales.dtype, compact, where + ": biases");
+  } else {
+    require(w.biases.data == nullptr, where + ": biases are only used by affine");
+    check_tensor(w.scales, DType::uint8,
+                 s.layout == Layout::swizzled ? Shape{roundup(rows, 128), roundup(groups, 4)} : compact,
+                 where + ": " + name(s.layout) + " scales");
+  }
+  o.q = quantized_args(s, w.packed.data, w.scales.data, affine ? w.biases.data : nullptr, w.scales.dtype, rows, K);
+  return o;
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n items (enough to fill any current GPU, never zero).
+unsigned blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+__device__ std::int64_t first_item() { return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ std::int64_t item_stride() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
+__global__ void amax_kernel(const void* x, DType t, std::int64_t n, unsigned* out) {
+  float m = 0.0f;
+  for (std::int64_t i = first_item(); i < n; i += item_stride()) {
+    const float v = load_float(x, i, t);
+    if (is_finite(v)) m = fmaxf(m, fabsf(v));
+  }
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  // Non-negative floats order like their bit patterns, so an integer max is the float max.
+  if ((threadIdx.x & 31) == 0) atomicMax(out, __float_as_uint(m));
+}
+
+__global__ void first_nonfinite_kernel(const void* x, DType t, std::int64_t n, unsigned long long* first) {
+  for (std::int64_t i = first_item(); i < n; i += item_stride()) {
+    if (!is_finite(load_float(x, i, t))) {
+      atomicMin(first, static_cast<unsigned long long>(i));
+      return;
+    }
+  }
+}
+
+__global__ void quantize_kernel(QuantizeArgs a) {
+  for (std::int64_t g = first_item(); g < a.rows * a.groups; g += item_stride()) quantize_group(a, g);
+}
+
+__global__ void dequantize_kernel(QuantizedArgs q, void* y, DType out) {
+  for (std::int64_t id = first_item(); id < q.rows * q.cols / 8; id += item_stride()) dequantize_chunk(q, y, out, id);
+}
+
+__global__ void swizzle_kernel(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::int64_t cp,
+                               std::uint8_t* out) {
+  for (std::int64_t i = first_item(); i < R * C; i += item_stride())
+    out[swizzled_offset(i / C, i % C, cp)] = compact[i];
+}
+
+void launched(const char* what) { check(cudaGetLastError(), std::string(what) + " launch"); }
+
+// nonfinite='error': fails naming the first NaN/Inf in row-major order, as the CPU does.
+void check_finite(const DeviceTensor& x, Stream stream) {
+  Scratch first(sizeof(unsigned long long), stream);
+  auto* f = static_cast<unsigned long long*>(first.get());
+  check(cudaMemsetAsync(f, 0xFF, sizeof *f, stream), "quantize");
+  first_nonfinite_kernel<<<blocks_for(x.numel()), kThreads, 0, stream>>>(x.data, x.dtype, x.numel(), f);
+  launched("quantize");
+  unsigned long long i = 0;
+  check(cudaMemcpyAsync(&i, f, sizeof i, cudaMemcpyDeviceToHost, stream), "quantize");
+  check(cudaStreamSynchronize(stream), "quantize");
+  if (i == ~0ull) return;
+  const std::size_t size = dtype_size(x.dtype);
+  alignas(4) unsigned char bytes[4] = {};
+  check(cudaMemcpy(bytes, static_cast<const unsigned char*>(x.data) + i * size, size, cudaMemcpyDeviceToHost),
+        "quantize");
+  const float v = load_float(bytes, 0, x.dtype);
+  const char* cls = is_nan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf";
+  Shape index(x.shape.size());
+  auto rest = static_cast<std::int64_t>(i);
+  for (std::size_t d = index.size(); d-- > 0;) {
+    index[d] = rest % x.shape[d];
+    rest /= x.shape[d];
+  }
+  throw Error(std::string("quantize: non-finite input (") + cls + ") at flat index " + std::to_string(i) + ", index " +
+              shape_str(index) + " (nonfinite='error')");
+}
+
+}  // namespace
+
+void swizzle(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::uint8_t* out, Stream stream) {
+  check(cudaMemsetAsync(out, 0, static_cast<std::size_t>(roundup(R, 128) * roundup(C, 4)), stream), "swizzle");
+  if (R * C == 0) return;
+  swizzle_kernel<<<blocks_for(R * C), kThreads, 0, stream>>>(compact, R, C, roundup(C, 4), out);
+  launched("swizzle");
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+bool available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return false;
+  }
+  // The kernels are built for sm_90a and sm_100a only; this fails on any other device.
+  cudaFuncAttributes attr;
+  if (cudaFuncGetAttributes(&attr, amax_kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+QuantizedShapes quantized_shapes(const Shape& x, DType dtype, const QuantSpec& spec) {
+  const QuantSpec s = resolve(spec);
+  require(is_float(dtype),
+          std::string("quantize: unsupported input dtype ") + dtype_name(dtype) + " (float32, float16 or bfloat16)");
+  require(!x.empty(), "quantize: input must have rank >= 1 (groups run along the last axis)");
+  const std::int64_t K = x.back();
+  require(K % s.group_size == 0, "quantize: last dimension " + std::to_string(K) + " is not divisible by group_size " +
+                                     std::to_string(s.group_size) + " (" + name(s.mode) + ")");
+  QuantizedShapes out;
+  out.packed = out.scales = x;
+  out.packed.back() = K * s.bits / 8;
+  out.scales.back() = K / s.group_size;
+  out.scale_dtype = s.mode == Mode::affine ? dtype : DType::uint8;
+  if (s.mode == Mode::affine) out.biases = out.scales;
+  if (s.layout == Layout::swizzled)
+    out.scales = {roundup(numel(Shape(x.begin(), x.end() - 1)), 128), roundup(K / s.group_size, 4)};
+  return out;
+}
+
+float amax(const DeviceTensor& x, Stream stream) {
+  require(is_float(x.dtype), std::string("amax: unsupported input dtype ") + dtype_name(x.dtype));
+  check_pointer(x, "amax: x");
+  if (x.numel() == 0) return 0.0f;
+  Scratch out(sizeof(unsigned), stream);
+  auto* o = static_cast<unsigned*>(out.get());
+  check(cudaMemsetAsync(o, 0, sizeof *o, stream), "amax");
+  amax_kernel<<<blocks_for(x.numel()), kThreads, 0, stream>>>(x.data, x.dtype, x.numel(), o);
+  launched("amax");
+  unsigned bits = 0;
+  check(cudaMemcpyAsync(&bits, o, sizeof bits, cudaMemcpyDeviceToHost, stream), "amax");
+  check(cudaStreamSynchronize(stream), "amax");
+  return float_of(bits);
+}
+
+void quantize(const DeviceTensor& x, const QuantSpec& spec, const DeviceQuantized& out, Stream stream) {
+  const QuantSpec s = resolve(spec);
+  const QuantizedShapes shapes = quantized_shapes(x.shape, x.dtype, s);
+  check_pointer(x, "quantize: x");
+  check_tensor(out.packed, DType::uint8, shapes.packed, "quantize: packed output");
+  check_tensor(out.scales, shapes.scale_dtype, shapes.scales, "quantize: scales output");
+  if (s.mode == Mode::affine) check_tensor(out.biases, shapes.scale_dtype, shapes.biases, "quantize: biases output");
+  if (x.numel() == 0) return;
+  if (s.nonfinite == NonFinite::error) check_finite(x, stream);
+  const std::int64_t K = x.shape.back(), rows = x.numel() / K;
+  if (s.layout == Layout::swizzled)  // padding must read as zero scales
+    check(cudaMemsetAsync(out.scales.data, 0, static_cast<std::size_t>(out.scales.numel()), stream), "quantize");
+  const QuantizeArgs a = quantize_args(s, x.dtype, x.data, rows, K, static_cast<std::uint8_t*>(out.packed.data),
+                                       out.scales.data, out.biases.data);
+  quantize_kernel<<<blocks_for(rows * a.groups), kThreads, 0, stream>>>(a);
+  launched("quantize");
+}
+
+void dequantize(const DeviceQuantized& q, const QuantSpec& spec, const DeviceTensor& y, Stream stream) {
+  const QuantSpec s = resolve(spec);
+  const Operand o = check_operand(q, s, "dequantize");
+  check_float_tensor(y, o.shape, "dequantize: output");
+  if (y.numel() == 0) return;
+  dequantize_kernel<<<blocks_for(y.numel() / 8), kThreads, 0, stream>>>(o.q, y.data, y.dtype);
+  launched("dequantize");
+}
+
+}  // namespace microscale::cuda
