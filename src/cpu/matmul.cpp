@@ -86,7 +86,7 @@ void DecodeRow(const QuantizedMatrix& w, std::int64_t r, std::int64_t c0, std::i
 // ---------------------------------------------------------------------------------------------
 // GEMV, transpose = true: y[m, n] = sum_k x[m, k] W[n, k] for M <= kGemvRows.
 
-constexpr std::int64_t kGemvRows = 4;
+constexpr std::int64_t kGemvRows = 4;  // the fp4 fast path is instantiated for 1..4
 constexpr std::int64_t kChunk = 1024;  // values of a W row decoded at a time by the generic path
 
 float Dot(const float* a, const float* b, std::int64_t n) {
@@ -161,8 +161,22 @@ bool GemvFp4Fast(const QuantizedMatrix& w) {
   return (w.spec.mode == Mode::nvfp4 || w.spec.mode == Mode::mxfp4) && w.cols % 32 == 0;
 }
 
-void GemvRowsFp4(const float* xd, std::int64_t M, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1,
-                 const float* bias, float* y) {
+// One 32-value chunk c of every row of x against the decoded weights: acc[m] += f * (xe*we + xo*wo).
+template <int kM>
+HWY_INLINE void Fp4Chunk(const float* xd, std::int64_t K, std::int64_t c, hn::Vec<DF> even, hn::Vec<DF> odd,
+                         hn::Vec<DF> f, hn::Vec<DF>* acc) {
+  const DF df;
+  for (int m = 0; m < kM; ++m) {
+    const float* xc = xd + m * K + c * 32;
+    auto t = hn::Mul(hn::Load(df, xc), even);
+    t = hn::MulAdd(hn::Load(df, xc + 16), odd, t);
+    acc[m] = hn::MulAdd(t, f, acc[m]);
+  }
+}
+
+template <int kM>
+void GemvRowsFp4(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1, const float* bias,
+                 float* y) {
   const DF df;
   const DU du;
   const hn::Rebind<std::uint8_t, DF> du8;
@@ -178,33 +192,41 @@ void GemvRowsFp4(const float* xd, std::int64_t M, const QuantizedMatrix& w, std:
   HWY_ALIGN std::uint32_t spread[16][16];
   for (std::uint32_t j = 0; j < 16; ++j)
     for (std::uint32_t l = 0; l < 16; ++l) spread[j][l] = nv ? 2 * (j % 8) + l / 8 : j;
+  auto decode = [&](const std::uint8_t* p, std::int64_t c, hn::Vec<DF>& even, hn::Vec<DF>& odd) {
+    const auto bytes = hn::PromoteTo(du, hn::LoadU(du8, p + c * 16));
+    even = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hn::And(bytes, low4)));
+    odd = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hn::ShiftRight<4>(bytes)));
+  };
 
   for (std::int64_t n = n0; n < n1; ++n) {
     const std::uint8_t* p = w.packed + n * (K / 2);
     const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;
-    hn::Vec<DF> acc[kGemvRows];
-    for (auto& a : acc) a = hn::Zero(df);
+    // Even and odd chunks accumulate separately to halve the FMA dependency chain.
+    hn::Vec<DF> acc0[kM], acc1[kM];
+    for (int m = 0; m < kM; ++m) acc0[m] = acc1[m] = hn::Zero(df);
     for (std::int64_t c0 = 0; c0 < chunks; c0 += chunks_per_scales) {
       const std::int64_t group0 = c0 * 32 / w.spec.group_size;
       HWY_ALIGN std::uint8_t codes[16] = {};
       std::memcpy(codes, sc + group0, static_cast<std::size_t>(std::min<std::int64_t>(16, groups - group0)));
       const auto factors = ScaleFactors16(codes, w.spec);
       const std::int64_t c1 = std::min(chunks, c0 + chunks_per_scales);
-      for (std::int64_t c = c0; c < c1; ++c) {
-        const auto bytes = hn::PromoteTo(du, hn::LoadU(du8, p + c * 16));
-        const auto even = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hn::And(bytes, low4)));
-        const auto odd = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hn::ShiftRight<4>(bytes)));
-        const auto f = hn::TableLookupLanes(factors, hn::SetTableIndices(df, spread[c - c0]));
-        for (std::int64_t m = 0; m < M; ++m) {
-          const float* xc = xd + m * K + c * 32;
-          auto t = hn::Mul(hn::Load(df, xc), even);
-          t = hn::MulAdd(hn::Load(df, xc + 16), odd, t);
-          acc[m] = hn::MulAdd(t, f, acc[m]);
-        }
+      std::int64_t c = c0;
+      for (; c + 2 <= c1; c += 2) {
+        hn::Vec<DF> e0, o0, e1, o1;
+        decode(p, c, e0, o0);
+        decode(p, c + 1, e1, o1);
+        Fp4Chunk<kM>(xd, K, c, e0, o0, hn::TableLookupLanes(factors, hn::SetTableIndices(df, spread[c - c0])), acc0);
+        Fp4Chunk<kM>(xd, K, c + 1, e1, o1, hn::TableLookupLanes(factors, hn::SetTableIndices(df, spread[c + 1 - c0])),
+                     acc1);
+      }
+      if (c < c1) {
+        hn::Vec<DF> e0, o0;
+        decode(p, c, e0, o0);
+        Fp4Chunk<kM>(xd, K, c, e0, o0, hn::TableLookupLanes(factors, hn::SetTableIndices(df, spread[c - c0])), acc0);
       }
     }
-    for (std::int64_t m = 0; m < M; ++m) {
-      const float v = hn::GetLane(hn::SumOfLanes(df, acc[m]));
+    for (int m = 0; m < kM; ++m) {
+      const float v = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0[m], acc1[m])));
       y[m * N + n] = bias ? v + bias[n] : v;
     }
   }
@@ -221,7 +243,14 @@ void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const float*
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t k = 0; k < K; ++k)
         xd[static_cast<std::size_t>(m * K + (k / 32) * 32 + (k % 2) * 16 + (k % 32) / 2)] = x[m * K + k];
-    parallel_for(N, 64, [&](std::int64_t n0, std::int64_t n1) { GemvRowsFp4(xd.get(), M, w, n0, n1, bias, y); });
+    parallel_for(N, 64, [&](std::int64_t n0, std::int64_t n1) {
+      switch (M) {
+        case 1: return GemvRowsFp4<1>(xd.get(), w, n0, n1, bias, y);
+        case 2: return GemvRowsFp4<2>(xd.get(), w, n0, n1, bias, y);
+        case 3: return GemvRowsFp4<3>(xd.get(), w, n0, n1, bias, y);
+        default: return GemvRowsFp4<4>(xd.get(), w, n0, n1, bias, y);
+      }
+    });
     return;
   }
 #endif
