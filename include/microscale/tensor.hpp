@@ -36,7 +36,7 @@ struct TensorView {
 // Owning row-major buffer, 64-byte aligned so vector kernels may load it whole.
 class Tensor {
  public:
-  Tensor() = default;
+  Tensor() = default;                // empty: shape (0,), no buffer
   Tensor(DType dtype, Shape shape);  // zero-filled
 
   DType dtype() const { return dtype_; }
@@ -65,7 +65,7 @@ class Tensor {
     void operator()(std::byte* p) const;
   };
   DType dtype_ = DType::float32;
-  Shape shape_;
+  Shape shape_{0};  // a default Tensor holds nothing: rank 1, no elements
   std::shared_ptr<std::byte> buf_;
 };
 

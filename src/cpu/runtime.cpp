@@ -25,7 +25,7 @@ constexpr TargetName kTargets[] = {
 };
 
 std::int64_t runnable_targets() {
-  hwy::SetSupportedTargetsForTest(0);  // the machine's real set, not a previous forcing
+  hwy::SetSupportedTargetsForTest(0);  // the machine's real set, not a forcing
   return hwy::SupportedTargets();
 }
 
@@ -51,6 +51,8 @@ struct Settings {
   std::atomic<int> threads{1};
   std::atomic<int> budget{1};  // threads not held by running calls
 
+  std::int64_t machine_targets = runnable_targets();  // before any forcing
+
   Settings() {
     if (env("MICROSCALE_BACKEND") == "reference") backend = Backend::reference;
     threads = default_threads();
@@ -60,10 +62,9 @@ struct Settings {
   }
 
   void force(const std::string& name) {
-    const std::int64_t runnable = runnable_targets();
     for (const TargetName& t : kTargets) {
       if (name != t.name) continue;
-      if (!(runnable & t.bit)) throw Error("CPU target '" + name + "' is not supported by this machine");
+      if (!(machine_targets & t.bit)) throw Error("CPU target '" + name + "' is not supported by this machine");
       hwy::SetSupportedTargetsForTest(t.bit);
       return;
     }
@@ -88,7 +89,7 @@ void set_cpu_target(const std::string& name) {
   Settings& s = settings();
   std::lock_guard<std::mutex> lock(s.mu);
   if (name == "auto")
-    runnable_targets();
+    hwy::SetSupportedTargetsForTest(0);  // back to the machine's own set
   else
     s.force(name);
 }
@@ -102,10 +103,10 @@ std::string cpu_target() {
 }
 
 std::vector<std::string> available_cpu_targets() {
-  settings();
+  const std::int64_t machine = settings().machine_targets;
   std::vector<std::string> out;
   for (const TargetName& t : kTargets)
-    if ((HWY_TARGETS & t.bit) && (hwy::SupportedTargets() & t.bit)) out.push_back(t.name);
+    if ((HWY_TARGETS & t.bit) && (machine & t.bit)) out.push_back(t.name);
   return out;
 }
 
