@@ -406,6 +406,12 @@ def num_threads():
     return _core.num_threads()
 
 
+# Checkpoints: quantized layers in and out of compressed-tensors, ModelOpt and MLX model directories.
+from .checkpoint import LoadedCheckpoint, QuantizedWeight, load_checkpoint, save_checkpoint  # noqa: E402
+
+__all__ += ["QuantizedWeight", "LoadedCheckpoint", "load_checkpoint", "save_checkpoint"]
+
+
 # Quantized matrix products and the layers built on them (FORMATS.md section 6).
 from .matmul import gather_qmm, qqmm, quantized_matmul  # noqa: E402
 from .layers import QQLinear, QuantizedEmbedding, QuantizedLinear  # noqa: E402

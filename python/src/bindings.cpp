@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "microscale/checkpoint.hpp"
 #include "microscale/microscale.hpp"
 #include "microscale/runtime.hpp"
 #include "convert.hpp"
@@ -228,6 +229,126 @@ std::string py_backend() { return ms::backend() == ms::Backend::cpu ? "cpu" : "r
 
 }  // namespace
 
+// ---- checkpoint I/O (python/microscale/checkpoint.py) ----------------------------------------
+// Layers cross as tuples (module, mode, group_size, bits, global_scale | None, shape,
+// (packed, dtype), (scales, dtype), (biases, dtype) | None, input_amax | None); tensors without a
+// quantized role as (name, safetensors dtype name, shape, uint8 bytes). checkpoint.py builds the
+// Python objects.
+namespace ckpt {
+
+namespace io = ms::io;
+
+// Messages quote bytes from hostile files (JSON parser errors echo them); Python needs UTF-8, so
+// bytes that do not form valid UTF-8 sequences become '?'.
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 2;
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += '?';
+      ++i;
+    }
+  }
+  return out;
+}
+
+template <class F>
+auto guarded(F&& f) {
+  try {
+    return f();
+  } catch (const ms::Error& e) {
+    throw ms::Error(valid_utf8(e.what()));
+  }
+}
+
+ms::Tensor copy_of(const InArray& a, const std::string& dtype_name, const char* what) {
+  const ms::TensorView v = view_of(a, dtype_name, what);
+  require_contiguous(a, what);
+  ms::Tensor t(v.dtype, v.shape);
+  if (t.nbytes()) std::memcpy(t.bytes(), v.data, t.nbytes());
+  return t;
+}
+
+nb::tuple py_load_checkpoint(const std::string& path) {
+  io::CheckpointData d;
+  {
+    nb::gil_scoped_release release;
+    d = guarded([&] { return io::load_checkpoint(path); });
+  }
+  nb::list layers, tensors;
+  for (io::QuantizedLayer& l : d.layers) {
+    ms::Quantized& q = l.weight;
+    nb::object gs = q.spec.global_scale ? nb::cast(static_cast<double>(*q.spec.global_scale)) : nb::none();
+    nb::object act = l.input_amax ? nb::cast(static_cast<double>(*l.input_amax)) : nb::none();
+    nb::object biases = q.spec.mode == ms::Mode::affine ? nb::cast(to_numpy(std::move(q.biases))) : nb::none();
+    layers.append(nb::make_tuple(l.module, ms::name(q.spec.mode), q.spec.group_size, q.spec.bits, gs, q.shape,
+                                 to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)), biases, act));
+  }
+  for (io::RawTensor& t : d.tensors) {
+    ms::Tensor b(ms::DType::uint8, {static_cast<std::int64_t>(t.data.size())});
+    if (!t.data.empty()) std::memcpy(b.bytes(), t.data.data(), t.data.size());
+    tensors.append(nb::make_tuple(t.name, io::st_dtype_name(t.dtype), t.shape, to_numpy(std::move(b)).first));
+  }
+  return nb::make_tuple(d.convention, layers, tensors, d.config_json);
+}
+
+void py_save_checkpoint(const std::string& path, const nb::list& layers, const nb::list& tensors,
+                        const std::string& convention, const std::string& config_json, bool force) {
+  io::CheckpointData d;
+  d.config_json = config_json;
+  for (nb::handle h : layers) {
+    auto t = nb::cast<nb::tuple>(h);
+    if (t.size() != 13) throw ms::Error("internal: layer tuple of " + std::to_string(t.size()) + " items");
+    io::QuantizedLayer l;
+    l.module = nb::cast<std::string>(t[0]);
+    ms::QuantSpec& s = l.weight.spec;
+    s.mode = ms::mode_from_name(nb::cast<std::string>(t[1]));
+    s.group_size = nb::cast<int>(t[2]);
+    s.bits = nb::cast<int>(t[3]);
+    if (!t[4].is_none()) s.global_scale = static_cast<float>(nb::cast<double>(t[4]));
+    l.weight.shape = nb::cast<ms::Shape>(t[5]);
+    l.weight.packed = copy_of(nb::cast<InArray>(t[6]), nb::cast<std::string>(t[7]), "packed");
+    l.weight.scales = copy_of(nb::cast<InArray>(t[8]), nb::cast<std::string>(t[9]), "scales");
+    if (!t[10].is_none()) l.weight.biases = copy_of(nb::cast<InArray>(t[10]), nb::cast<std::string>(t[11]), "biases");
+    if (!t[12].is_none()) l.input_amax = static_cast<float>(nb::cast<double>(t[12]));
+    d.layers.push_back(std::move(l));
+  }
+  for (nb::handle h : tensors) {
+    auto t = nb::cast<nb::tuple>(h);
+    io::RawTensor r;
+    r.name = nb::cast<std::string>(t[0]);
+    const std::string dt = nb::cast<std::string>(t[1]);
+    const auto st = io::st_dtype_from_name(dt);
+    if (!st) throw ms::Error("tensor " + r.name + ": unknown safetensors dtype " + dt);
+    r.dtype = *st;
+    r.shape = nb::cast<ms::Shape>(t[2]);
+    const ms::Tensor b = copy_of(nb::cast<InArray>(t[3]), "uint8", "tensor bytes");
+    r.data.assign(b.bytes(), b.bytes() + b.nbytes());
+    d.tensors.push_back(std::move(r));
+  }
+  const io::Convention c = io::convention_from_name(convention);
+  nb::gil_scoped_release release;
+  guarded([&] {
+    io::save_checkpoint(path, d, c, force);
+    return 0;
+  });
+}
+
+void bind(nb::module_& m) {
+  m.def("load_checkpoint", &py_load_checkpoint, nb::arg("path"),
+        "-> (convention, [layer tuples], [(name, st_dtype, shape, bytes)], config_json)");
+  m.def("save_checkpoint", &py_save_checkpoint, nb::arg("path"), nb::arg("layers"), nb::arg("tensors"),
+        nb::arg("convention"), nb::arg("config_json"), nb::arg("force"));
+}
+
+}  // namespace ckpt
+
 void bind_matmul(nb::module_& m);  // bind_matmul.cpp: quantized_matmul, qqmm, gather_qmm
 
 NB_MODULE(_core, m) {
@@ -266,5 +387,6 @@ NB_MODULE(_core, m) {
   m.def("set_num_threads", &ms::set_num_threads, nb::arg("n"));
   m.def("num_threads", &ms::num_threads);
 
+  ckpt::bind(m);  // checkpoint I/O
   bind_matmul(m);  // quantized matrix products
 }

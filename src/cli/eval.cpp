@@ -1,18 +1,25 @@
 #include "eval.hpp"
 
+#include "microscale/checkpoint.hpp"
 #include "microscale/runtime.hpp"
+#include "plot.hpp"
+#include "progress.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 namespace microscale::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 QuantSpec make(Mode mode, int group = 0, int bits = 0, Elem elem = Elem::e4m3) {
   QuantSpec s;
@@ -109,8 +116,162 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-const char* kHeader = "%-11s %-12s %8s %11s %9s %12s %12s\n";
-const char* kRow = "%-11s %-12s %8.3f %11.3e %9.2f %12.3f %12.3f\n";
+const char* kHeader = "%-11s %-12s %8s %11s %9s %12s %12s %10s\n";
+const char* kRow = "%-11s %-12s %8.3f %11.3e %9.2f %12.3f %12.3f %10.3f\n";
+
+// Sums over the matrices (or tensors) one mode ran on.
+struct Acc {
+  double err = 0, energy = 0, tq = 0, td = 0, bytes = 0, bit_sum = 0;
+  std::int64_t n = 0;
+  void add(const Acc& o) {
+    err += o.err;
+    energy += o.energy;
+    tq += o.tq;
+    td += o.td;
+    bytes += o.bytes;
+    bit_sum += o.bit_sum;
+    n += o.n;
+  }
+};
+
+// Quantizes and dequantizes `x` (exact values `values`, energy sum v^2) with one mode, timed.
+Acc measure(const EvalMode& m, const TensorView& x, const std::vector<float>& values, double energy,
+            const EvalOptions& opt) {
+  QuantSpec spec = m.spec;
+  if (m.global) spec.global_scale = global_scale(x);
+  Quantized q;
+  Acc a;
+  a.tq = median_seconds(opt.repeats, [&] { q = quantize(x, spec); });
+  Tensor y;
+  a.td = median_seconds(opt.repeats, [&] { y = dequantize(q, opt.out); });
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const double d = static_cast<double>(values[i]) - value_at(y, i);
+    a.err += d * d;
+  }
+  a.energy = energy;
+  a.n = x.numel();
+  a.bytes = static_cast<double>(q.packed.nbytes() + q.scales.nbytes() + (q.spec.mode == Mode::affine ? q.biases.nbytes() : 0)) +
+            (m.global ? 4 : 0);
+  a.bit_sum = bits_per_value(q.spec, x.dtype == DType::float32 ? 32 : 16) * static_cast<double>(a.n);
+  return a;
+}
+
+EvalRow row_of(const std::string& matrix, const std::string& mode, const Acc& a) {
+  EvalRow r;
+  r.matrix = matrix;
+  r.mode = mode;
+  const double n = static_cast<double>(a.n);
+  r.bits_per_value = a.n ? a.bit_sum / n : 0;
+  r.rel_error = a.energy > 0 ? std::sqrt(a.err / a.energy) : 0.0;
+  r.sqnr_db = a.err > 0 ? 10.0 * std::log10(a.energy / a.err) : INFINITY;
+  r.quant_gelems = a.tq > 0 ? n / a.tq / 1e9 : 0;
+  r.dequant_gelems = a.td > 0 ? n / a.td / 1e9 : 0;
+  r.size_bytes = a.bytes;
+  r.elements = a.n;
+  return r;
+}
+
+void print_row(const EvalRow& r) {
+  std::printf(kRow, r.matrix.c_str(), r.mode.c_str(), r.bits_per_value, r.rel_error, r.sqnr_db, r.quant_gelems,
+              r.dequant_gelems, r.size_bytes / 1e6);
+  std::fflush(stdout);
+}
+
+// Exact f32 values of a float tensor view (contiguous).
+std::vector<float> values_of(const TensorView& x) {
+  std::vector<float> v(static_cast<std::size_t>(x.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const auto* p = static_cast<const std::byte*>(x.data);
+    if (x.dtype == DType::float32) {
+      std::memcpy(&v[i], p + 4 * i, 4);
+    } else {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      v[i] = x.dtype == DType::bfloat16 ? decode_bf16(h) : decode_f16(h);
+    }
+  }
+  return v;
+}
+
+double energy_of(const std::vector<float>& v) {
+  double e = 0;
+  for (float x : v) e += static_cast<double>(x) * x;
+  return e;
+}
+
+std::string where_text() {
+  return backend() == Backend::reference ? std::string("reference backend (scalar)")
+                                         : "cpu backend, target " + cpu_target() + ", " + std::to_string(num_threads()) +
+                                               " thread(s)";
+}
+
+void print_table_header() {
+  std::printf(kHeader, "matrix", "mode", "bits/val", "rel.error", "SQNR dB", "quant Gel/s", "deq Gel/s", "size MB");
+  std::fflush(stdout);
+}
+
+// The projection weights of a model directory, one tensor at a time.
+std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::string>& modes) {
+  const io::Checkpoint ck = io::Checkpoint::open(opt.model_dir);
+  std::vector<std::string> names;
+  std::uint64_t bytes = 0;
+  std::int64_t total = 0;
+  for (const std::string& n : ck.names()) {
+    const io::StTensor& t = ck.tensor(n);
+    if (!io::why_kept(n, t.shape, t.dtype).empty()) continue;
+    names.push_back(n);
+    bytes += t.data.size();
+    total += t.numel();
+  }
+  if (names.empty()) throw Error(opt.model_dir + ": no projection weights (2-D float *.weight) to evaluate");
+  std::printf("microscale eval: %zu projection weights of %s (%.2f M values, %.1f MB), dequantize to %s, median of %d "
+              "runs, %s\n",
+              names.size(), opt.model_dir.c_str(), static_cast<double>(total) / 1e6, static_cast<double>(bytes) / 1e6,
+              dtype_name(opt.out), opt.repeats, where_text().c_str());
+  std::printf("errors pooled over all weights (sqrt of summed squared error over summed energy); size = all quantized "
+              "weights.\n\n");
+  std::map<std::string, Acc> acc;
+  std::map<std::string, std::size_t> skipped;
+  ProgressBar bar("eval");
+  io::Progress pr;
+  pr.total = names.size();
+  pr.bytes_total = bytes;
+  for (const std::string& n : names) {
+    const io::StTensor& t = ck.tensor(n);
+    Tensor storage;
+    TensorView x;
+    try {
+      x = t.view();
+    } catch (const Error&) {  // unaligned in its file
+      storage = t.copy();
+      x = storage.view();
+    }
+    const std::vector<float> v = values_of(x);
+    const double energy = energy_of(v);
+    for (const std::string& name : modes) {
+      const EvalMode& m = *find_mode(name);
+      if (t.shape[1] % resolve(m.spec).group_size != 0) {
+        ++skipped[name];
+        continue;
+      }
+      acc[name].add(measure(m, x, v, energy, opt));
+    }
+    ++pr.done;
+    pr.bytes_done += t.data.size();
+    pr.current = n;
+    bar.update(pr);
+  }
+  bar.finish();
+  print_table_header();
+  std::vector<EvalRow> rows;
+  for (const std::string& name : modes) {
+    rows.push_back(row_of("model", name, acc[name]));
+    print_row(rows.back());
+  }
+  for (const auto& [name, k] : skipped)
+    std::printf("note: %s skipped %zu weight(s) whose K is not a multiple of its group size\n", name.c_str(), k);
+  return rows;
+}
 
 }  // namespace
 
@@ -141,9 +302,11 @@ void validate(const EvalOptions& opt) {
   if (opt.repeats < 1) throw Error("--repeats must be at least 1, got " + std::to_string(opt.repeats));
   if (!is_float(opt.dtype)) throw Error(std::string("--dtype must be a float type, got ") + dtype_name(opt.dtype));
   if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
+  for (const std::string& name : opt.modes)
+    if (!find_mode(name)) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
+  if (!opt.model_dir.empty()) return;  // a model's weights are checked one by one
   for (const std::string& name : opt.modes) {
     const EvalMode* m = find_mode(name);
-    if (!m) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
     const QuantSpec s = resolve(m->spec);
     if (opt.cols % s.group_size != 0)
       throw Error("--cols " + std::to_string(opt.cols) + " is not a multiple of the group size " +
@@ -163,67 +326,60 @@ void validate(const EvalOptions& opt) {
 std::vector<EvalRow> run_eval(const EvalOptions& opt) {
   validate(opt);
   const std::vector<std::string> modes = selected(opt.modes, mode_names());
-  const std::vector<std::string> matrices = selected(opt.matrices, eval_matrices());
-  const Shape shape = {opt.rows, opt.cols};
-  const double n = static_cast<double>(opt.rows * opt.cols);
-
-  const std::string where = backend() == Backend::reference
-                                ? std::string("reference backend (scalar)")
-                                : "cpu backend, target " + cpu_target() + ", " + std::to_string(num_threads()) +
-                                      " thread(s)";
-  std::printf("microscale eval: %lld x %lld %s weights, dequantize to %s, median of %d runs, %s\n",
-              static_cast<long long>(opt.rows), static_cast<long long>(opt.cols), dtype_name(opt.dtype),
-              dtype_name(opt.out), opt.repeats, where.c_str());
-  std::printf("bits/value counts scales (and affine biases) in the weights' dtype; nvfp4-gs is three-level\n"
-              "nvfp4 with global_scale = amax (its 32-bit tensor scale is not counted).\n\n");
-  std::printf(kHeader, "matrix", "mode", "bits/val", "rel.error", "SQNR dB", "quant Gel/s", "deq Gel/s");
-  std::fflush(stdout);
-
-  std::vector<EvalRow> rows;
-  std::uint64_t seed = opt.seed;
-  for (const std::string& matrix : matrices) {
-    const Stored w = store(make_matrix(matrix, opt.rows, opt.cols, seed++), opt.dtype);
-    const TensorView x(w.bytes.data(), opt.dtype, shape);
-    double energy = 0;
-    for (float v : w.values) energy += static_cast<double>(v) * v;
-    for (const std::string& name : modes) {
-      const EvalMode& m = *find_mode(name);
-      QuantSpec spec = m.spec;
-      if (m.global) spec.global_scale = global_scale(x);
-      Quantized q;
-      const double tq = median_seconds(opt.repeats, [&] { q = quantize(x, spec); });
-      Tensor y;
-      const double td = median_seconds(opt.repeats, [&] { y = dequantize(q, opt.out); });
-      double err = 0;
-      for (std::size_t i = 0; i < w.values.size(); ++i) {
-        const double d = static_cast<double>(w.values[i]) - value_at(y, i);
-        err += d * d;
+  std::vector<EvalRow> rows, summary;
+  if (!opt.model_dir.empty()) {
+    rows = eval_model(opt, modes);
+    summary = rows;
+  } else {
+    const std::vector<std::string> matrices = selected(opt.matrices, eval_matrices());
+    const Shape shape = {opt.rows, opt.cols};
+    std::printf("microscale eval: %lld x %lld %s weights, dequantize to %s, median of %d runs, %s\n",
+                static_cast<long long>(opt.rows), static_cast<long long>(opt.cols), dtype_name(opt.dtype),
+                dtype_name(opt.out), opt.repeats, where_text().c_str());
+    std::printf("bits/value counts scales (and affine biases) in the weights' dtype; nvfp4-gs is three-level\n"
+                "nvfp4 with global_scale = amax (its 32-bit tensor scale is not counted); size is one matrix.\n\n");
+    print_table_header();
+    std::map<std::string, Acc> all;
+    std::uint64_t seed = opt.seed;
+    for (const std::string& matrix : matrices) {
+      const Stored w = store(make_matrix(matrix, opt.rows, opt.cols, seed++), opt.dtype);
+      const TensorView x(w.bytes.data(), opt.dtype, shape);
+      const double energy = energy_of(w.values);
+      for (const std::string& name : modes) {
+        const Acc a = measure(*find_mode(name), x, w.values, energy, opt);
+        all[name].add(a);
+        rows.push_back(row_of(matrix, name, a));
+        print_row(rows.back());
       }
-      EvalRow r;
-      r.matrix = matrix;
-      r.mode = name;
-      r.bits_per_value = bits_per_value(q.spec, opt.dtype == DType::float32 ? 32 : 16);
-      r.rel_error = energy > 0 ? std::sqrt(err / energy) : 0.0;
-      r.sqnr_db = err > 0 ? 10.0 * std::log10(energy / err) : INFINITY;
-      r.quant_gelems = n / tq / 1e9;
-      r.dequant_gelems = n / td / 1e9;
-      std::printf(kRow, r.matrix.c_str(), r.mode.c_str(), r.bits_per_value, r.rel_error, r.sqnr_db, r.quant_gelems,
-                  r.dequant_gelems);
-      std::fflush(stdout);
-      rows.push_back(r);
+    }
+    // One point per format: errors pooled over every matrix.
+    std::printf("\n");
+    for (const std::string& name : modes) {
+      summary.push_back(row_of("all", name, all[name]));
+      print_row(summary.back());
+      rows.push_back(summary.back());
     }
   }
 
   if (!opt.csv.empty()) {
     std::ofstream f(opt.csv);
     if (!f) throw Error("cannot write --csv file '" + opt.csv + "'");
-    f << "matrix,mode,rows,cols,dtype,bits_per_value,rel_error,sqnr_db,quant_gelem_per_s,dequant_gelem_per_s\n";
+    f << "matrix,mode,elements,dtype,bits_per_value,rel_error,sqnr_db,quant_gelem_per_s,dequant_gelem_per_s,"
+         "size_bytes\n";
     for (const EvalRow& r : rows)
-      f << r.matrix << ',' << r.mode << ',' << opt.rows << ',' << opt.cols << ',' << dtype_name(opt.dtype) << ','
-        << r.bits_per_value << ',' << r.rel_error << ',' << r.sqnr_db << ',' << r.quant_gelems << ','
-        << r.dequant_gelems << '\n';
+      f << r.matrix << ',' << r.mode << ',' << r.elements << ',' << (opt.model_dir.empty() ? dtype_name(opt.dtype) : "model")
+        << ',' << r.bits_per_value << ',' << r.rel_error << ',' << r.sqnr_db << ',' << r.quant_gelems << ','
+        << r.dequant_gelems << ',' << r.size_bytes << '\n';
     if (!f) throw Error("failed writing --csv file '" + opt.csv + "'");
     std::printf("\nwrote %s\n", opt.csv.c_str());
+  }
+  if (!opt.png.empty()) {
+    std::vector<PlotPoint> pts;
+    for (const EvalRow& r : summary) pts.push_back({r.bits_per_value, r.rel_error, r.mode});
+    const std::string what = opt.model_dir.empty() ? "synthetic weights" : fs::path(opt.model_dir).filename().string();
+    write_scatter_png(opt.png, "relative error vs bits per value (" + what + ")", "bits per value (scales included)",
+                      "relative error (rms, log scale)", pts);
+    std::printf("%swrote %s\n", opt.csv.empty() ? "\n" : "", opt.png.c_str());
   }
   return rows;
 }

@@ -1,4 +1,5 @@
-// `microscale eval`: quantization error and throughput of every mode on synthetic weights.
+// `microscale eval`: quantization error, throughput and size of every mode on synthetic weights
+// or on the projection weights of a model directory; printed, saved as CSV and plotted as PNG.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +28,18 @@ struct EvalOptions {
   int repeats = 3;                    // timed runs per op; the median is reported
   std::uint64_t seed = 1234;
   std::string csv;                    // also write the table here when not empty
+  std::string png;                    // plot relative error against bits per value here when not empty
+  std::string model_dir;              // evaluate this checkpoint's projection weights instead
 };
 
+// One table row: a mode on one matrix, or on all of them ("all": errors pooled over every matrix,
+// sizes summed; for a model directory, over every projection weight).
 struct EvalRow {
   std::string matrix, mode;
   double bits_per_value = 0, rel_error = 0, sqnr_db = 0;
   double quant_gelems = 0, dequant_gelems = 0;  // G elements per second, median run
+  double size_bytes = 0;                        // quantized size: packed values, scales, biases, global scale
+  std::int64_t elements = 0;
 };
 
 const std::vector<EvalMode>& eval_modes();
@@ -40,7 +47,8 @@ const std::vector<std::string>& eval_matrices();
 
 // Checks the options (mode and matrix names, sizes, group divisibility); throws microscale::Error.
 void validate(const EvalOptions& opt);
-// Runs the evaluation, printing the aligned table to stdout as rows complete.
+// Runs the evaluation, printing the aligned table to stdout as rows complete, then writes the
+// CSV and PNG files the options name. Returns every row, the "all" summary rows last.
 std::vector<EvalRow> run_eval(const EvalOptions& opt);
 
 }  // namespace microscale::cli

@@ -1,8 +1,10 @@
 // The `microscale` command.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
+#include "commands.hpp"
 #include "eval.hpp"
 #include "microscale/runtime.hpp"
 
@@ -35,35 +37,50 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("microscale ") + MICROSCALE_VERSION);
   app.require_subcommand(0, 1);
 
-  // eval's options live on the top-level app so that `microscale --rows 64` (eval is the default)
-  // and `microscale eval --rows 64` both work; the subcommand passes them through.
+  CLI::App* eval = app.add_subcommand("eval", "quantization error, throughput and size of every mode on synthetic "
+                                             "weight matrices or a model's weights; table, CSV and PNG (the default "
+                                             "subcommand)");
   cli::EvalOptions opt;
   std::string modes, matrices, dtype = "bfloat16", out = "float32";
-  app.add_option("--rows", opt.rows, "rows of each synthetic matrix")->capture_default_str();
-  app.add_option("--cols", opt.cols, "columns (the quantized axis); a multiple of every group size")
+  eval->add_option("--rows", opt.rows, "rows of each synthetic matrix")->capture_default_str();
+  eval->add_option("--cols", opt.cols, "columns (the quantized axis); a multiple of every group size")
       ->capture_default_str();
   std::string mode_help = "comma-separated modes (default: all):";
   for (const cli::EvalMode& m : cli::eval_modes()) mode_help += " " + m.name;
-  app.add_option("--modes", modes, mode_help);
-  app.add_option("--matrices", matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)");
-  app.add_option("--dtype", dtype, "dtype the weights are stored in: float32, bfloat16, float16")->capture_default_str();
-  app.add_option("--out", out, "dequantize output dtype: float32, bfloat16, float16")->capture_default_str();
-  app.add_option("--repeats", opt.repeats, "timed runs per op (median reported)")->capture_default_str();
-  app.add_option("--seed", opt.seed, "seed of the synthetic matrices")->capture_default_str();
-  app.add_option("--csv", opt.csv, "also write the table as CSV to this file");
+  eval->add_option("--modes", modes, mode_help);
+  eval->add_option("--matrices", matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)");
+  eval->add_option("--dtype", dtype, "dtype the weights are stored in: float32, bfloat16, float16")
+      ->capture_default_str();
+  eval->add_option("--out", out, "dequantize output dtype: float32, bfloat16, float16")->capture_default_str();
+  eval->add_option("--repeats", opt.repeats, "timed runs per op (median reported)")->capture_default_str();
+  eval->add_option("--seed", opt.seed, "seed of the synthetic matrices")->capture_default_str();
+  opt.csv = "microscale-eval.csv";
+  opt.png = "microscale-eval.png";
+  bool no_files = false;
+  eval->add_option("--csv", opt.csv, "write the table as CSV to this file")->capture_default_str();
+  eval->add_option("--png", opt.png, "plot relative error against bits per value (one point per format) to this PNG")
+      ->capture_default_str();
+  eval->add_flag("--no-files", no_files, "print the table only (no CSV, no PNG)");
+  eval->add_option("MODEL_DIR", opt.model_dir,
+                   "evaluate the projection weights of this checkpoint instead of synthetic matrices");
+  const std::vector<cli::Command> commands = cli::add_checkpoint_commands(app);
   std::string backend, target;
   int threads = 0;
-  app.add_option("--backend", backend, "cpu (SIMD + threads) or reference (scalar executable spec); "
-                                       "default: MICROSCALE_BACKEND or cpu");
-  app.add_option("--cpu-target", target, "force a SIMD target of the cpu backend (auto, avx512_dl, avx512, avx2, "
-                                         "sse4, ssse3, scalar)");
-  app.add_option("--threads", threads, "worker threads of the cpu backend (default: MICROSCALE_NUM_THREADS, "
-                                       "OMP_NUM_THREADS or all cores)");
-  CLI::App* eval = app.add_subcommand("eval", "quantization error and throughput of every mode (the default)");
-  eval->fallthrough();
+  eval->add_option("--backend", backend, "cpu (SIMD + threads) or reference (scalar executable spec); "
+                                         "default: MICROSCALE_BACKEND or cpu");
+  eval->add_option("--cpu-target", target, "force a SIMD target of the cpu backend (auto, avx512_dl, avx512, "
+                                           "avx2, sse4, ssse3, scalar)");
+  eval->add_option("--threads", threads, "worker threads of the cpu backend (default: MICROSCALE_NUM_THREADS, "
+                                         "OMP_NUM_THREADS or all cores)");
+
+  // `eval` is the default: `microscale` and `microscale --rows 64` mean `microscale eval ...`.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const bool top_level_flag = !args.empty() && (args[0] == "-h" || args[0] == "--help" || args[0] == "--version");
+  if (args.empty() || (args[0].rfind("-", 0) == 0 && !top_level_flag)) args.insert(args.begin(), "eval");
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
 
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
@@ -83,6 +100,15 @@ int main(int argc, char** argv) {
     if (!target.empty()) microscale::set_cpu_target(target);
     if (threads < 0) throw microscale::Error("--threads must be >= 0, got " + std::to_string(threads));
     if (threads > 0) microscale::set_num_threads(threads);
+    for (const cli::Command& c : commands)
+      if (c.app->parsed()) {
+        c.run();
+        return 0;
+      }
+    if (no_files) {
+      opt.csv.clear();
+      opt.png.clear();
+    }
     cli::run_eval(opt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "microscale: error: %s\n", e.what());

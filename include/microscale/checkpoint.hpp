@@ -1,0 +1,187 @@
+// Whole-checkpoint operations on Hugging Face style model directories: quantize the projection
+// weights into one ecosystem's layout, dequantize back to floats, convert between layouts without
+// re-quantizing, inspect, and load/save quantized layers in memory.
+//
+// Layouts (FORMATS.md section 7), per quantized Linear `<m>` with logical weight [N, K]:
+//   compressed-tensors  <m>.weight_packed U8 [N, K/2], <m>.weight_scale F8_E4M3 [N, K/16] (nvfp4) or
+//                       U8 E8M0 [N, K/32] (mxfp4), <m>.weight_global_scale F32 [1] = 2688/amax
+//                       (nvfp4; the encode factor), <m>.input_global_scale F32 [1] (W4A4 only);
+//                       config.json quantization_config (quant_method "compressed-tensors").
+//   modelopt            <m>.weight U8 [N, K/2], <m>.weight_scale F8_E4M3 [N, K/16],
+//                       <m>.weight_scale_2 F32 [] = amax/2688 (the decode factor), <m>.input_scale
+//                       F32 [] (W4A4 only); hf_quant_config.json and config.json
+//                       quantization_config (quant_method "modelopt"). nvfp4 only.
+//   mlx                 <m>.weight U32 [N, K*bits/32], <m>.scales [N, K/group] (U8 codes for fp
+//                       modes, the weight's dtype for affine), <m>.biases (affine); config.json
+//                       "quantization" {group_size, bits, mode} mirrored as "quantization_config".
+//                       nvfp4 is two-level there (mlx-lm stores no global scale).
+// Packed bytes and block scales are the same bytes in every layout; only names, dtype labels,
+// shapes and the global-scale convention differ. In memory microscale keeps the global scale as
+// the tensor amax (QuantSpec::global_scale); import is amax = fl(2688/gs) (compressed-tensors)
+// or fl(ws2*2688) (ModelOpt), export the inverse, so a value that crosses conventions moves by at
+// most about one f32 ulp. Converting into the layout a value came from keeps its bytes exactly.
+//
+// Fused projections (q/k/v, gate/up, w1/w3, BERT query/key/value) are one GEMM in vLLM, which
+// keeps a single global scale for the fused weight (the max of the shards', only warning). So
+// quantize_checkpoint gives the members of such a group one global scale, the group's largest
+// amax, as ModelOpt and llm-compressor do; convert_checkpoint never merges differing scales
+// silently: it keeps them per shard and reports the group (or re-quantizes it with
+// ConvertOptions::unify_fused_scales).
+//
+// Activations: no calibration happens here, so exported configs are weight-only (NVFP4A16 /
+// W4A16_NVFP4) unless per-module activation amaxes are supplied; a W4A4 request without them is
+// refused.
+//
+// Every file is written atomically (temporary name, then rename); an existing non-empty output
+// directory is refused unless `force`. Tensors stream one at a time, so peak memory stays near
+// the largest single tensor (input pages are released after use).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "microscale/io.hpp"
+#include "microscale/quantize.hpp"
+
+namespace microscale::io {
+
+enum class Convention { compressed_tensors, modelopt, mlx };
+const char* name(Convention c);  // "compressed-tensors", "modelopt", "mlx"
+// Accepts those names (and "ct"); throws Error otherwise.
+Convention convention_from_name(std::string_view s);
+
+// Progress of a streaming operation, reported after each tensor (or layer) is done.
+struct Progress {
+  std::size_t done = 0, total = 0;         // tensors / layers
+  std::uint64_t bytes_done = 0, bytes_total = 0;  // input bytes
+  std::string_view current;                // name of the item just finished
+};
+using ProgressFn = std::function<void(const Progress&)>;
+
+// What happened to one tensor or layer.
+struct TensorReport {
+  std::string name;    // tensor name, or module name for a quantized layer
+  std::string action;  // "quantized", "kept", "copied", "converted", "dequantized"
+  std::string format;  // "nvfp4", "mxfp4", ..., or the dtype for float tensors
+  Shape shape;
+  std::uint64_t bytes_in = 0, bytes_out = 0;
+  std::string reason;        // why a 2-D weight was kept, when it was
+  double rel_error = -1;     // ||w - dq(q(w))|| / ||w|| when measured, else -1
+  double sqnr_db = -1;
+};
+struct Report {
+  std::vector<TensorReport> tensors;
+  std::vector<std::string> notes;  // warnings and decisions worth telling the user
+  std::uint64_t bytes_in = 0, bytes_out = 0;
+  std::size_t shards = 0;
+};
+
+struct QuantizeOptions {
+  // mode, group_size, bits, scale_rule, nonfinite, elem; global_scale is ignored (nvfp4 exports
+  // that store one use each tensor's amax, or its fused group's). mx scale rule: compressed-tensors
+  // mxfp4 uses 'even' (as llm-compressor) unless `scale_rule_set`.
+  QuantSpec spec;
+  bool scale_rule_set = false;
+  Convention to = Convention::compressed_tensors;
+  // Glob patterns (`*`, `?`, `[...]`) over module names (the tensor name without ".weight"); a
+  // pattern also matches any dotted suffix ("down_proj" matches "model.layers.0.mlp.down_proj").
+  std::vector<std::string> exclude;  // never quantize these
+  std::vector<std::string> include;  // quantize these 2-D weights even if kept by default
+                                     // (lm_head, embeddings, routers)
+  bool share_fused_scales = true;    // one global scale per fused group (nvfp4, CT / ModelOpt)
+  // Activation amax per module (static, from the user's calibration): when given for every
+  // quantized layer, the config is W4A4 and input scales are stored. Otherwise weight-only.
+  std::map<std::string, float> activation_amax;
+  bool w4a4 = false;  // demand W4A4: refused unless activation_amax covers every layer
+  bool measure_error = false;  // fill TensorReport::rel_error / sqnr_db (one dequantize per layer)
+  bool force = false;
+  ProgressFn progress;
+};
+// `in`: a model directory (config.json + model.safetensors or an index with shards) or a single
+// .safetensors file; `out`: the output directory (created).
+Report quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
+                           const QuantizeOptions& opt);
+
+struct DequantizeOptions {
+  DType dtype = DType::bfloat16;  // float32, float16 or bfloat16
+  bool force = false;
+  ProgressFn progress;
+};
+// Quantized layers of any supported layout back to `<m>.weight` floats; the quantization config
+// is removed, everything else is kept.
+Report dequantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
+                             const DequantizeOptions& opt);
+
+struct ConvertOptions {
+  Convention to = Convention::mlx;
+  // Re-quantize fused groups whose global scales differ to their common max amax (lossy for
+  // those layers; everything else keeps its bytes). Without it such groups are kept per shard
+  // and listed in Report::notes.
+  bool unify_fused_scales = false;
+  bool force = false;
+  ProgressFn progress;
+};
+// Same quantized bytes, other layout. Throws Error (before writing anything) when a layer cannot
+// be represented: a mode the target lacks, or three-level nvfp4 into MLX's two-level layout.
+Report convert_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
+                          const ConvertOptions& opt);
+
+// ---- inspection
+
+struct TensorStats {
+  bool valid = false;  // false for tensors without values to summarize (ints, bools, ...)
+  double min = 0, max = 0, mean = 0, std = 0, amax = 0;
+  std::int64_t nonfinite = 0, zeros = 0;
+};
+struct InspectRow {
+  std::string name, dtype;
+  Shape shape;
+  std::string format;  // "bf16" for plain tensors; "nvfp4 packed", "nvfp4 scales E4M3", ...
+  std::string detail;  // e.g. "weight_global_scale 3584 = 2688/amax -> amax 0.75"
+  TensorStats stats;   // packed rows: the dequantized layer; scale rows: decoded scales
+};
+struct InspectResult {
+  std::string convention;  // "compressed-tensors", "modelopt", "mlx" or "none"
+  std::string config;      // summary of the quantization config found, if any
+  std::vector<InspectRow> rows;
+  std::vector<std::string> notes;
+};
+InspectResult inspect_checkpoint(const std::filesystem::path& path, bool stats = true,
+                                 const ProgressFn& progress = {});
+
+// ---- in-memory checkpoints (the Python load_checkpoint / save_checkpoint)
+
+struct QuantizedLayer {
+  std::string module;               // "model.layers.0.mlp.down_proj"
+  Quantized weight;                 // spec.global_scale = amax for three-level nvfp4
+  std::optional<float> input_amax;  // static activation amax (W4A4 checkpoints)
+};
+struct RawTensor {
+  std::string name;
+  StDType dtype = StDType::f32;
+  Shape shape;
+  std::vector<std::byte> data;
+};
+struct CheckpointData {
+  std::string convention;  // as detected; "none" for a float checkpoint
+  std::vector<QuantizedLayer> layers;
+  std::vector<RawTensor> tensors;  // everything that is not part of a quantized layer
+  std::string config_json;         // config.json text ("" when absent)
+};
+CheckpointData load_checkpoint(const std::filesystem::path& path);
+// Writes model.safetensors and config.json (from data.config_json, quantization block replaced)
+// into `out` in the layout `to`, plus hf_quant_config.json for ModelOpt.
+void save_checkpoint(const std::filesystem::path& out, const CheckpointData& data, Convention to,
+                     bool force = false);
+
+// The default selection rule of quantize_checkpoint: a float 2-D "<m>.weight" of a projection;
+// returns "" when it would be quantized, else why not ("1-D", "embedding", "lm_head", ...).
+std::string why_kept(std::string_view name, const Shape& shape, StDType dtype);
+
+}  // namespace microscale::io

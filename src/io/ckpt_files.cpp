@@ -1,0 +1,144 @@
+// The model directory around a checkpoint: opening it with its config.json, preparing the output
+// directory, copying the other files atomically, and releasing mapped pages after use.
+#include <fnmatch.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "io/ckpt_detail.hpp"
+
+namespace microscale::io::ck {
+
+namespace {
+
+constexpr std::uintmax_t kMaxConfigBytes = 64u << 20;
+
+bool is_checkpoint_file(const fs::path& rel) {
+  const std::string f = rel.filename().string();
+  return ends_with(f, ".safetensors") || ends_with(f, ".safetensors.index.json") ||
+         (rel.parent_path().empty() && (f == "config.json" || f == "hf_quant_config.json"));
+}
+
+// Other serializations of the same weights: copying them would ship the unquantized model (or
+// the old quantization) next to the new one.
+bool is_other_weights(const fs::path& rel) {
+  const std::string f = rel.filename().string();
+  for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz"})
+    if (ends_with(f, ext)) return true;
+  return f.find(".tmp.") != std::string::npos;  // a crashed writer's leftovers
+}
+
+}  // namespace
+
+Input open_input(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(path.string() + ": no such file or directory");
+  const bool dir = fs::is_directory(path, ec);
+  Input in{dir ? path : (path.has_parent_path() ? path.parent_path() : fs::path(".")), Checkpoint::open(path), nullptr,
+           false, {}, {}};
+  in.indexed = dir ? fs::exists(path / "model.safetensors.index.json", ec) : path.extension() == ".json";
+  in.index_name = dir ? fs::path("model.safetensors.index.json") : path.filename();
+  const fs::path base = fs::absolute(in.dir).lexically_normal();
+  for (const fs::path& s : in.ck.shards()) in.shard_rel.push_back(fs::absolute(s).lexically_normal().lexically_relative(base));
+  const fs::path cfg = in.dir / "config.json";
+  if (fs::is_regular_file(cfg, ec)) {
+    if (fs::file_size(cfg, ec) > kMaxConfigBytes) throw Error(cfg.string() + ": larger than 64 MiB");
+    std::ifstream f(cfg, std::ios::binary);
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    in.config = detail::parse_json(ss.str(), cfg.string(), "config.json", 256);
+    if (!in.config.is_object()) throw Error(cfg.string() + ": not a JSON object");
+  }
+  return in;
+}
+
+void prepare_output(const fs::path& in_dir, const fs::path& out, bool force) {
+  std::error_code ec;
+  if (fs::exists(out, ec)) {
+    if (!fs::is_directory(out, ec)) throw Error("output " + out.string() + " exists and is not a directory");
+    if (!in_dir.empty() && fs::equivalent(in_dir, out, ec))
+      throw Error("output directory " + out.string() + " is the input directory; choose another");
+    if (!fs::is_empty(out, ec) && !force)
+      throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
+  }
+  fs::create_directories(out, ec);
+  if (ec) throw Error("cannot create output directory " + out.string() + ": " + ec.message());
+}
+
+void write_text_atomic(const fs::path& path, const std::string& text) {
+  detail::AtomicFile f(path);
+  f.write(text);
+  f.commit();
+}
+
+std::vector<std::string> copy_other_files(const fs::path& in_dir, const fs::path& out) {
+  std::vector<std::string> skipped;
+  std::error_code ec;
+  const fs::path out_abs = fs::absolute(out).lexically_normal();
+  std::vector<char> buf(1 << 20);
+  for (auto it = fs::recursive_directory_iterator(in_dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const fs::path rel = it->path().lexically_relative(in_dir);
+    const std::string top = rel.begin()->string();
+    if (it->is_directory()) {
+      // The output may sit inside the input; version-control and cache folders are not the model.
+      if (fs::equivalent(it->path(), out_abs, ec) || top == ".git" || top == ".cache") it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file() || is_checkpoint_file(rel)) continue;
+    if (is_other_weights(rel)) {
+      skipped.push_back(rel.string());
+      continue;
+    }
+    fs::create_directories((out / rel).parent_path());
+    std::ifstream src(it->path(), std::ios::binary);
+    if (!src) throw Error(it->path().string() + ": cannot read");
+    detail::AtomicFile dst(out / rel);
+    while (src) {
+      src.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      dst.write(std::as_bytes(std::span(buf.data(), static_cast<std::size_t>(src.gcount()))));
+    }
+    if (src.bad()) throw Error(it->path().string() + ": read error");
+    dst.commit();
+  }
+  if (ec) throw Error(in_dir.string() + ": cannot list: " + ec.message());
+  std::vector<std::string> notes;
+  if (!skipped.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < skipped.size() && i < 5; ++i) list += (i ? ", " : "") + skipped[i];
+    if (skipped.size() > 5) list += ", ...";
+    notes.push_back("not copied (other weight formats, which would be stale): " + list);
+  }
+  return notes;
+}
+
+void remove_stale(const fs::path& out, const std::set<fs::path>& written) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const fs::path rel = e.path().filename();
+    if (e.is_regular_file() && is_checkpoint_file(rel) && rel != "config.json" && !written.count(e.path()))
+      fs::remove(e.path(), ec);
+  }
+}
+
+void release(std::span<const std::byte> bytes) {
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  auto b = reinterpret_cast<std::uintptr_t>(bytes.data());
+  std::uintptr_t e = b + bytes.size();
+  b = (b + page - 1) & ~(page - 1);
+  e &= ~(page - 1);
+  // Only whole pages inside the range; the mapping is read-only and private, so dropping pages
+  // loses nothing: they are read back from the page cache if touched again.
+  if (e > b) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
+bool matches(const std::vector<std::string>& patterns, const std::string& module) {
+  for (const std::string& p : patterns)
+    if (::fnmatch(p.c_str(), module.c_str(), 0) == 0 || ::fnmatch(("*." + p).c_str(), module.c_str(), 0) == 0)
+      return true;
+  return false;
+}
+
+}  // namespace microscale::io::ck

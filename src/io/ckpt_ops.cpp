@@ -1,0 +1,797 @@
+// quantize / dequantize / convert / inspect of whole checkpoints, and in-memory load / save.
+//
+// Every streaming operation first plans: each output shard gets the items (a tensor, or a
+// quantized layer) whose primary input tensor lives in the same input shard, with the entries
+// they will write, so that a conversion that cannot happen fails before anything is written.
+// Then shards are written one at a time, an item at a time, releasing input pages as it goes.
+#include <malloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "io/ckpt_detail.hpp"
+#include "microscale/codecs.hpp"
+
+namespace microscale::io {
+
+namespace {
+
+using namespace ck;
+
+// ---- values
+
+bool has_values(StDType t) {
+  switch (t) {
+    case StDType::f32: case StDType::f16: case StDType::bf16: case StDType::f64:
+    case StDType::f8_e4m3: case StDType::f8_e5m2: case StDType::f8_e8m0: return true;
+    default: return false;
+  }
+}
+
+double load(const std::byte* p, StDType t, std::size_t i) {
+  switch (t) {
+    case StDType::f32: { float v; std::memcpy(&v, p + 4 * i, 4); return v; }
+    case StDType::f64: { double v; std::memcpy(&v, p + 8 * i, 8); return v; }
+    case StDType::f16: { std::uint16_t h; std::memcpy(&h, p + 2 * i, 2); return decode_f16(h); }
+    case StDType::bf16: { std::uint16_t h; std::memcpy(&h, p + 2 * i, 2); return decode_bf16(h); }
+    case StDType::f8_e4m3: return decode_e4m3(static_cast<std::uint8_t>(p[i]));
+    case StDType::f8_e5m2: return decode_e5m2(static_cast<std::uint8_t>(p[i]));
+    case StDType::f8_e8m0: case StDType::u8: return decode_e8m0(static_cast<std::uint8_t>(p[i]));
+    default: return NAN;
+  }
+}
+
+TensorStats stats_of(std::span<const std::byte> data, StDType t, std::size_t n) {
+  TensorStats s;
+  if (!has_values(t) && t != StDType::u8) return s;
+  s.valid = true;
+  double sum = 0, sq = 0, lo = INFINITY, hi = -INFINITY;
+  std::int64_t finite = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = load(data.data(), t, i);
+    if (!std::isfinite(v)) {
+      ++s.nonfinite;
+      continue;
+    }
+    ++finite;
+    s.zeros += v == 0;
+    sum += v;
+    sq += v * v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  if (finite) {
+    s.min = lo;
+    s.max = hi;
+    s.mean = sum / static_cast<double>(finite);
+    s.std = std::sqrt(std::max(0.0, sq / static_cast<double>(finite) - s.mean * s.mean));
+    s.amax = std::max(std::fabs(lo), std::fabs(hi));
+  }
+  return s;
+}
+
+// A float view of a tensor's bytes; copies when the mapping is not aligned for the dtype.
+TensorView view_of(std::span<const std::byte> data, StDType st, const Shape& shape, Tensor& storage) {
+  const DType dt = *to_dtype(st);
+  if (reinterpret_cast<std::uintptr_t>(data.data()) % dtype_size(dt) == 0) return TensorView(data.data(), dt, shape);
+  storage = Tensor(dt, shape);
+  std::memcpy(storage.bytes(), data.data(), data.size());
+  return storage.view();
+}
+
+Tensor dequantize_layer(const Layer& l, DType dt) {
+  Tensor sp, bp;
+  const TensorView packed(l.packed.data(), DType::uint8, {l.rows(), l.cols() * l.bits / 8});
+  const Shape sshape = {l.rows(), l.cols() / l.group};
+  const TensorView scales = l.mode == Mode::affine ? view_of(l.scales, l.float_dtype, sshape, sp)
+                                                   : TensorView(l.scales.data(), DType::uint8, sshape);
+  TensorView biases;
+  if (l.mode == Mode::affine) biases = view_of(l.biases, l.float_dtype, sshape, bp);
+  try {
+    return dequantize(packed, scales, l.mode == Mode::affine ? &biases : nullptr, l.spec(), dt);
+  } catch (const Error& e) {
+    throw Error("layer " + detail::quote(l.module) + ": " + e.what());
+  }
+}
+
+void release_sources(const Checkpoint& ck, const Layer& l) {
+  for (const std::string& s : l.sources) release(ck.tensor(s).data);
+}
+
+// ---- the streaming pipeline
+
+// glibc raises its mmap threshold after large frees, so per-tensor buffers of a few MB end up on
+// the heap and stay resident after being freed; hand them back so the peak stays near one tensor.
+void trim_heap() {
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+}
+
+struct Item {
+  std::size_t shard = 0;
+  std::uint64_t order = 0;  // data offset of its primary tensor in that shard
+  std::vector<StEntry> entries;
+  std::uint64_t in_bytes = 0;
+  std::string label;
+  std::function<void(SafetensorsWriter&)> run;
+};
+
+std::size_t shard_no(const Input& in, const std::string& tensor) {
+  const fs::path& p = in.ck.shard_of(tensor);
+  const auto& all = in.ck.shards();
+  return static_cast<std::size_t>(std::find(all.begin(), all.end(), p) - all.begin());
+}
+
+Item passthrough(const Input& in, const std::string& name, Report& report) {
+  const StTensor& t = in.ck.tensor(name);
+  Item it;
+  it.shard = shard_no(in, name);
+  it.order = t.begin;
+  it.entries = {{name, t.dtype, t.shape}};
+  it.in_bytes = t.data.size();
+  it.label = name;
+  it.run = [&in, name, &report](SafetensorsWriter& w) {
+    const StTensor& src = in.ck.tensor(name);
+    w.write(name, src.data);
+    release(src.data);
+    TensorReport r;
+    r.name = name;
+    r.action = "copied";
+    r.format = src.dtype_name();
+    r.shape = src.shape;
+    r.bytes_in = r.bytes_out = src.data.size();
+    report.tensors.push_back(std::move(r));
+  };
+  return it;
+}
+
+void write_emitted(SafetensorsWriter& w, const std::vector<Out>& outs, TensorReport* r) {
+  for (const Out& o : outs) {
+    w.write(o.entry.name, o.bytes());
+    if (r) r->bytes_out += o.bytes().size();
+  }
+}
+
+std::vector<StEntry> entries_of(const std::vector<Out>& outs) {
+  std::vector<StEntry> e;
+  for (const Out& o : outs) e.push_back(o.entry);
+  return e;
+}
+
+// Writes every shard (same relative names as the input), the index when the input had one, and
+// returns the files written.
+std::set<fs::path> execute(const Input& in, const fs::path& out, std::vector<Item>& items, bool mlx,
+                           const ProgressFn& progress, Report& report) {
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return std::tie(a.shard, a.order) < std::tie(b.shard, b.order); });
+  Progress pr;
+  pr.total = items.size();
+  for (const Item& it : items) pr.bytes_total += it.in_bytes;
+  std::set<fs::path> written;
+  std::vector<fs::path> shards;
+  std::size_t next = 0;
+  for (std::size_t s = 0; s < in.shard_rel.size(); ++s) {
+    const std::size_t first = next;
+    while (next < items.size() && items[next].shard == s) ++next;
+    if (first == next && in.indexed) continue;  // every tensor of this shard moved elsewhere
+    std::vector<StEntry> entries;
+    for (std::size_t i = first; i < next; ++i)
+      entries.insert(entries.end(), items[i].entries.begin(), items[i].entries.end());
+    Metadata md = in.ck.shard(s).metadata();
+    if (mlx) md["format"] = "mlx";  // what mlx.core.save_safetensors writes
+    const fs::path path = out / in.shard_rel[s];
+    fs::create_directories(path.parent_path());
+    SafetensorsWriter w(path, std::move(entries), md);
+    for (std::size_t i = first; i < next; ++i) {
+      items[i].run(w);
+      trim_heap();
+      ++pr.done;
+      pr.bytes_done += items[i].in_bytes;
+      pr.current = items[i].label;
+      if (progress) progress(pr);
+    }
+    w.finish();
+    written.insert(path);
+    shards.push_back(path);
+    report.bytes_out += fs::file_size(path);
+  }
+  report.shards = shards.size();
+  report.bytes_in = pr.bytes_total;
+  if (in.indexed) {
+    write_index(out / in.index_name, shards, in.ck.metadata());
+    written.insert(out / in.index_name);
+  }
+  return written;
+}
+
+// config.json (and hf_quant_config.json) for the output, then the other files.
+void finish_dir(const Input& in, const fs::path& out, std::optional<Convention> to, const QuantMeta& meta,
+                bool force, std::set<fs::path> written, Report& report) {
+  Json config = in.config;
+  if (config.is_null() && to) report.notes.push_back("the input has no config.json; wrote one holding only the quantization block");
+  if (!config.is_null() || to) {
+    Json hf = apply_config(config, to, meta);
+    write_text_atomic(out / "config.json", config.dump(2) + "\n");
+    if (!hf.is_null()) {
+      write_text_atomic(out / "hf_quant_config.json", hf.dump(2) + "\n");
+      written.insert(out / "hf_quant_config.json");
+    }
+  }
+  for (std::string& n : copy_other_files(in.dir, out)) report.notes.push_back(std::move(n));
+  if (force) remove_stale(out, written);
+}
+
+// 2-D projection weights left in high precision, as the configs' ignore lists name them
+// (embeddings and norms are not Linear layers, so no loader looks them up).
+bool ignorable(const std::string& reason) {
+  return reason != "embedding" && reason != "norm" && reason != "not a .weight" && reason.find("-D") == std::string::npos &&
+         reason.rfind("dtype", 0) != 0;
+}
+
+void check_unsupported(const Detected& d) {
+  if (d.unsupported.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < d.unsupported.size() && i < 3; ++i) list += (i ? ", " : "") + detail::quote(d.unsupported[i]);
+  throw Error("checkpoint holds quantized tensors microscale cannot read (e.g. " + list +
+              "); supported: compressed-tensors nvfp4/mxfp4-pack-quantized, ModelOpt NVFP4, MLX");
+}
+
+double rel_error(const TensorView& w, const Tensor& y, double* sqnr) {
+  const auto n = static_cast<std::size_t>(w.numel());
+  const StDType st = to_st_dtype(w.dtype);
+  const auto* p = static_cast<const std::byte*>(w.data);
+  double err = 0, energy = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double a = load(p, st, i), b = y.data<float>()[i];
+    if (!std::isfinite(a) || !std::isfinite(b)) continue;
+    err += (a - b) * (a - b);
+    energy += a * a;
+  }
+  *sqnr = err > 0 ? 10 * std::log10(energy / err) : INFINITY;
+  return energy > 0 ? std::sqrt(err / energy) : 0.0;
+}
+
+}  // namespace
+
+// ---- quantize
+
+Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
+  const Input in = open_input(in_path);
+  const Detected det = detect(in.ck, in.config);
+  if (!det.layers.empty() || !det.unsupported.empty())
+    throw Error(in_path.string() + " is already quantized (" + det.convention +
+                "); use microscale convert or microscale dequantize");
+
+  QuantSpec base = opt.spec;
+  base.global_scale.reset();
+  base.layout = Layout::compact;  // every checkpoint layout stores compact scales
+  if (opt.to == Convention::compressed_tensors && base.mode == Mode::mxfp4 && !opt.scale_rule_set)
+    base.scale_rule = ScaleRule::even;  // llm-compressor's rule: same bytes as its own export
+  base = resolve(base);
+  if (opt.to == Convention::mlx && base.mode == Mode::mxfp8 && base.elem != Elem::e4m3)
+    throw Error("MLX mxfp8 is E4M3; E5M2 elements have no MLX layout");
+  // CT and ModelOpt store a global scale (three-level); mlx-lm's nvfp4 is two-level.
+  const bool three = base.mode == Mode::nvfp4 && opt.to != Convention::mlx;
+
+  Report report;
+  // Select, and plan the layers as skeletons (shapes, no data) to validate the layout up front.
+  struct Sel {
+    std::string name, module;
+    Layer skel;
+  };
+  std::vector<Sel> chosen;
+  std::vector<std::string> ignore, kept_reasons;
+  std::map<std::string, std::string> kept;  // tensor -> reason, for 2-D float weights
+  for (const std::string& n : in.ck.names()) {
+    const StTensor& t = in.ck.tensor(n);
+    std::string reason = why_kept(n, t.shape, t.dtype);
+    const std::string m = module_of(n);
+    const bool semantic = reason == "lm_head" || reason == "embedding" || reason == "router" || reason == "norm";
+    if (semantic && matches(opt.include, m)) reason.clear();
+    if (reason.empty() && matches(opt.exclude, m)) reason = "excluded";
+    if (reason.empty() && t.shape[1] % base.group_size != 0)
+      reason = "K = " + std::to_string(t.shape[1]) + " is not a multiple of the group size " + std::to_string(base.group_size);
+    if (!reason.empty()) {
+      if (ends_with(n, ".weight") && t.shape.size() == 2 && reason.rfind("dtype", 0) != 0) kept[n] = reason;
+      if (ends_with(n, ".weight") && t.shape.size() == 2 && ignorable(reason)) ignore.push_back(m);
+      continue;
+    }
+    Layer l;
+    l.module = m;
+    l.mode = base.mode;
+    l.group = base.group_size;
+    l.bits = base.bits;
+    l.shape = t.shape;
+    l.float_dtype = t.dtype;
+    if (three) l.global = {Global::amax, 1.0f};
+    chosen.push_back({n, m, std::move(l)});
+  }
+  if (chosen.empty()) throw Error("no projection weights to quantize in " + in_path.string());
+
+  // Activation scales: only from the user's calibration; refuse W4A4 without them.
+  const bool w4a4 = opt.w4a4 || !opt.activation_amax.empty();
+  if (w4a4) {
+    if (base.mode != Mode::nvfp4 || opt.to == Convention::mlx)
+      throw Error("static activation scales (W4A4) exist for nvfp4 with --export compressed-tensors or modelopt only");
+    for (Sel& s : chosen) {
+      auto it = opt.activation_amax.find(s.module);
+      if (it == opt.activation_amax.end())
+        throw Error("W4A4 needs a static activation amax for every quantized layer (microscale does not calibrate); "
+                    "missing for " + detail::quote(s.module) +
+                    ". Supply them all with --activation-amax, or drop --w4a4 for a weight-only (NVFP4A16) export");
+      if (!std::isfinite(it->second) || it->second < 0)
+        throw Error("activation amax of " + detail::quote(s.module) + " is not a finite non-negative number");
+      s.skel.act = Global{Global::amax, it->second};
+    }
+  }
+  QuantMeta meta;
+  meta.w4a4 = w4a4;
+  meta.ignore = ignore;
+  for (const Sel& s : chosen) {
+    (void)emit(s.skel, opt.to);  // throws if the layout cannot hold this mode
+    meta.layers.push_back(&s.skel);
+  }
+
+  // Fused groups share the largest amax of their members (vLLM keeps one scale per fused GEMM).
+  std::map<std::string, float> shared;
+  if (three && opt.share_fused_scales) {
+    std::vector<std::string> mods;
+    std::map<std::string, const std::string*> tensor_of;
+    for (const Sel& s : chosen) {
+      mods.push_back(s.module);
+      tensor_of[s.module] = &s.name;
+    }
+    const auto groups = fused_groups(mods);
+    for (const auto& g : groups) {
+      float mx = 0;
+      for (const std::string& m : g) {
+        const StTensor& t = in.ck.tensor(*tensor_of[m]);
+        Tensor storage;
+        mx = std::max(mx, global_scale(view_of(t.data, t.dtype, t.shape, storage)));
+        release(t.data);
+      }
+      for (const std::string& m : g) shared[m] = mx;
+    }
+    if (!groups.empty())
+      report.notes.push_back(std::to_string(groups.size()) +
+                             " fused groups (q/k/v, gate/up, ...) share one global scale each: the largest amax of "
+                             "their members, as ModelOpt and llm-compressor export them");
+  }
+
+  std::vector<Item> items;
+  std::map<std::string, const Sel*> by_name;
+  for (const Sel& s : chosen) by_name[s.name] = &s;
+  for (const std::string& n : in.ck.names()) {
+    auto sel = by_name.find(n);
+    if (sel == by_name.end()) {
+      Item it = passthrough(in, n, report);
+      if (auto k = kept.find(n); k != kept.end()) {
+        // Report kept 2-D weights with their reason instead of a plain copy.
+        it.run = [&in, n, reason = k->second, &report](SafetensorsWriter& w) {
+          const StTensor& t = in.ck.tensor(n);
+          w.write(n, t.data);
+          release(t.data);
+          TensorReport r;
+          r.name = n;
+          r.action = "kept";
+          r.format = t.dtype_name();
+          r.shape = t.shape;
+          r.bytes_in = r.bytes_out = t.data.size();
+          r.reason = reason;
+          report.tensors.push_back(std::move(r));
+        };
+      }
+      items.push_back(std::move(it));
+      continue;
+    }
+    const Sel& s = *sel->second;
+    const StTensor& t = in.ck.tensor(n);
+    Item it;
+    it.shard = shard_no(in, n);
+    it.order = t.begin;
+    it.entries = entries_of(emit(s.skel, opt.to));
+    it.in_bytes = t.data.size();
+    it.label = s.module;
+    it.run = [&, sp = &s](SafetensorsWriter& w) {
+      const StTensor& src = in.ck.tensor(sp->name);
+      Tensor storage;
+      const TensorView x = view_of(src.data, src.dtype, src.shape, storage);
+      QuantSpec spec = base;
+      if (three) {
+        auto sh = shared.find(sp->module);
+        spec.global_scale = sh != shared.end() ? sh->second : global_scale(x);
+      }
+      Quantized q;
+      try {
+        q = quantize(x, spec);
+      } catch (const Error& e) {
+        throw Error("tensor " + detail::quote(sp->name) + ": " + e.what());
+      }
+      Layer l = sp->skel;
+      l.packed = {q.packed.bytes(), q.packed.nbytes()};
+      l.scales = {q.scales.bytes(), q.scales.nbytes()};
+      if (q.spec.mode == Mode::affine) l.biases = {q.biases.bytes(), q.biases.nbytes()};
+      l.global = three ? Global{Global::amax, *q.spec.global_scale} : Global{};
+      TensorReport r;
+      r.name = sp->module;
+      r.action = "quantized";
+      r.format = name(q.spec.mode);
+      r.shape = src.shape;
+      r.bytes_in = src.data.size();
+      write_emitted(w, emit(l, opt.to), &r);
+      if (opt.measure_error) r.rel_error = rel_error(x, dequantize(q, DType::float32), &r.sqnr_db);
+      release(src.data);
+      report.tensors.push_back(std::move(r));
+    };
+    items.push_back(std::move(it));
+  }
+
+  prepare_output(in.dir, out, opt.force);
+  std::set<fs::path> written = execute(in, out, items, opt.to == Convention::mlx, opt.progress, report);
+  finish_dir(in, out, opt.to, meta, opt.force, std::move(written), report);
+  return report;
+}
+
+// ---- dequantize
+
+Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const DequantizeOptions& opt) {
+  if (!is_float(opt.dtype)) throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(opt.dtype));
+  const Input in = open_input(in_path);
+  const Detected det = detect(in.ck, in.config);
+  check_unsupported(det);
+  if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers; nothing to dequantize");
+  Report report;
+  std::vector<Item> items;
+  std::size_t acts = 0;
+  for (const Layer& l : det.layers) {
+    Item it;
+    it.shard = shard_no(in, l.sources[0]);
+    it.order = in.ck.tensor(l.sources[0]).begin;
+    it.entries = {{l.module + ".weight", to_st_dtype(opt.dtype), l.shape}};
+    for (const std::string& s : l.sources) it.in_bytes += in.ck.tensor(s).data.size();
+    it.label = l.module;
+    acts += l.act.has_value();
+    it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
+      const Tensor y = dequantize_layer(*lp, opt.dtype);
+      w.write_tensor(lp->module + ".weight", y);
+      release_sources(in.ck, *lp);
+      TensorReport r;
+      r.name = lp->module;
+      r.action = "dequantized";
+      r.format = name(lp->mode);
+      r.shape = lp->shape;
+      r.bytes_in = bytes;
+      r.bytes_out = y.nbytes();
+      report.tensors.push_back(std::move(r));
+    };
+    items.push_back(std::move(it));
+  }
+  for (const std::string& n : in.ck.names())
+    if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
+  if (acts) report.notes.push_back(std::to_string(acts) + " activation scales dropped (the output is not quantized)");
+
+  prepare_output(in.dir, out, opt.force);
+  std::set<fs::path> written = execute(in, out, items, false, opt.progress, report);
+  finish_dir(in, out, std::nullopt, {}, opt.force, std::move(written), report);
+  return report;
+}
+
+// ---- convert
+
+Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const ConvertOptions& opt) {
+  const Input in = open_input(in_path);
+  Detected det = detect(in.ck, in.config);
+  check_unsupported(det);
+  if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");
+  Report report;
+
+  // Activation scales survive only when every layer has one and the target stores them.
+  const std::size_t acts = static_cast<std::size_t>(
+      std::count_if(det.layers.begin(), det.layers.end(), [](const Layer& l) { return l.act.has_value(); }));
+  const bool w4a4 = acts == det.layers.size() && opt.to != Convention::mlx;
+  if (acts && !w4a4) {
+    report.notes.push_back(std::to_string(acts) + " activation scales dropped: " +
+                           (opt.to == Convention::mlx ? std::string("MLX is weight-only")
+                                                      : "only some layers have one, so the export is weight-only"));
+    for (Layer& l : det.layers) l.act.reset();
+  }
+
+  // Fused groups whose global scales differ: never merged silently.
+  std::map<std::string, float> unify;  // module -> common amax to re-quantize with
+  {
+    std::vector<std::string> mods;
+    std::map<std::string, const Layer*> by;
+    for (const Layer& l : det.layers)
+      if (l.mode == Mode::nvfp4 && l.global.kind != Global::none) {
+        mods.push_back(l.module);
+        by[l.module] = &l;
+      }
+    for (const auto& g : fused_groups(mods)) {
+      float lo = INFINITY, hi = 0;
+      std::string list;
+      for (const std::string& m : g) {
+        const float a = by[m]->global.to_amax();
+        lo = std::min(lo, a);
+        hi = std::max(hi, a);
+        list += (list.empty() ? "" : ", ") + m + " " + fmt_float(a);
+      }
+      if (lo == hi) continue;
+      if (opt.unify_fused_scales) {
+        for (const std::string& m : g) unify[m] = hi;
+        report.notes.push_back("re-quantized fused group to its common max amax " + fmt_float(hi) + ": " + list);
+      } else {
+        report.notes.push_back("fused group with differing global scales kept per shard (amax " + list +
+                               "); vLLM merges them with max() and mis-scales the others: pass "
+                               "--unify-fused-scales to re-quantize the group to one scale");
+      }
+    }
+  }
+
+  QuantMeta meta;
+  meta.w4a4 = w4a4;
+  for (const Layer& l : det.layers) {
+    Layer probe = l;
+    if (unify.count(l.module)) probe.global = {Global::amax, unify[l.module]};
+    (void)emit(probe, opt.to);  // all-or-nothing: throws before any file is written
+    meta.layers.push_back(&l);
+  }
+  for (const std::string& n : in.ck.names()) {
+    if (det.consumed.count(n)) continue;
+    const StTensor& t = in.ck.tensor(n);
+    const std::string r = why_kept(n, t.shape, t.dtype);
+    if (ends_with(n, ".weight") && t.shape.size() == 2 && (r.empty() || ignorable(r))) meta.ignore.push_back(module_of(n));
+  }
+
+  std::vector<Item> items;
+  for (const Layer& l : det.layers) {
+    Item it;
+    it.shard = shard_no(in, l.sources[0]);
+    it.order = in.ck.tensor(l.sources[0]).begin;
+    Layer probe = l;
+    if (unify.count(l.module)) probe.global = {Global::amax, unify[l.module]};
+    it.entries = entries_of(emit(probe, opt.to));
+    for (const std::string& s : l.sources) it.in_bytes += in.ck.tensor(s).data.size();
+    it.label = l.module;
+    it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
+      TensorReport r;
+      r.name = lp->module;
+      r.action = "converted";
+      r.format = name(lp->mode);
+      r.shape = lp->shape;
+      r.bytes_in = bytes;
+      if (auto u = unify.find(lp->module); u != unify.end()) {
+        const Tensor y = dequantize_layer(*lp, DType::float32);
+        QuantSpec spec = lp->spec();
+        spec.global_scale = u->second;
+        const Quantized q = quantize(y.view(), spec);
+        Layer l2 = *lp;
+        l2.packed = {q.packed.bytes(), q.packed.nbytes()};
+        l2.scales = {q.scales.bytes(), q.scales.nbytes()};
+        l2.global = {Global::amax, u->second};
+        write_emitted(w, emit(l2, opt.to), &r);
+        r.action = "re-quantized";
+      } else {
+        write_emitted(w, emit(*lp, opt.to), &r);
+      }
+      release_sources(in.ck, *lp);
+      report.tensors.push_back(std::move(r));
+    };
+    items.push_back(std::move(it));
+  }
+  for (const std::string& n : in.ck.names())
+    if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
+
+  prepare_output(in.dir, out, opt.force);
+  std::set<fs::path> written = execute(in, out, items, opt.to == Convention::mlx, opt.progress, report);
+  finish_dir(in, out, opt.to, meta, opt.force, std::move(written), report);
+  return report;
+}
+
+// ---- inspect
+
+InspectResult inspect_checkpoint(const fs::path& path, bool stats, const ProgressFn& progress) {
+  const Input in = open_input(path);
+  const Detected det = detect(in.ck, in.config);
+  InspectResult res;
+  res.convention = det.convention;
+  if (in.config.is_object())
+    for (const char* k : {"quantization_config", "quantization"})
+      if (auto it = in.config.find(k); it != in.config.end()) {
+        res.config = std::string(k) + " " + it->dump();
+        break;
+      }
+  if (std::error_code ec; fs::exists(in.dir / "hf_quant_config.json", ec)) res.config += (res.config.empty() ? "" : "; ") + std::string("hf_quant_config.json present");
+
+  // tensor -> (layer, role)
+  std::map<std::string, std::pair<const Layer*, std::string>> role;
+  for (const Layer& l : det.layers)
+    for (std::size_t i = 0; i < l.sources.size(); ++i) {
+      const std::string& s = l.sources[i];
+      std::string r = i == 0 ? "packed" : i == 1 ? "scales" : ends_with(s, ".biases") ? "biases"
+                    : (ends_with(s, "input_global_scale") || ends_with(s, "input_scale")) ? "act" : "global";
+      role[s] = {&l, r};
+    }
+  std::set<std::string> unsupported(det.unsupported.begin(), det.unsupported.end());
+  Progress pr;
+  pr.total = in.ck.names().size();
+  for (const std::string& n : in.ck.names()) {
+    const StTensor& t = in.ck.tensor(n);
+    InspectRow row;
+    row.name = n;
+    row.dtype = t.dtype_name();
+    row.shape = t.shape;
+    if (auto it = role.find(n); it != role.end()) {
+      const Layer& l = *it->second.first;
+      const std::string& r = it->second.second;
+      const std::string mode = name(l.mode);
+      if (r == "packed") {
+        row.format = mode + " packed";
+        row.detail = "logical " + fmt_shape(l.shape) + ", group " + std::to_string(l.group) + ", " +
+                     std::to_string(l.bits) + " bits" + (l.mode == Mode::nvfp4 ? ", " + l.global.describe() : "");
+        if (stats) {
+          const Tensor y = dequantize_layer(l, DType::float32);
+          row.stats = stats_of({y.bytes(), y.nbytes()}, StDType::f32, static_cast<std::size_t>(y.numel()));
+        }
+      } else if (r == "scales") {
+        const StDType code = l.mode == Mode::affine ? l.float_dtype
+                             : l.mode == Mode::nvfp4 ? StDType::f8_e4m3 : StDType::f8_e8m0;
+        row.format = mode + " scales" + (l.mode == Mode::affine ? "" : l.mode == Mode::nvfp4 ? " E4M3" : " E8M0");
+        if (stats) row.stats = stats_of(t.data, code, static_cast<std::size_t>(t.numel()));
+        if (stats && l.mode == Mode::nvfp4) {
+          // Subnormal E4M3 scales (< 2^-6) keep fewer bits: typical of two-level (MLX) nvfp4.
+          std::int64_t sub = 0;
+          for (std::byte b : t.data) sub += (static_cast<unsigned>(b) & 0x78u) == 0 && (static_cast<unsigned>(b) & 7u) != 0;
+          row.detail = std::to_string(sub) + " subnormal";
+        }
+      } else if (r == "biases") {
+        row.format = mode + " biases";
+        if (stats) row.stats = stats_of(t.data, t.dtype, static_cast<std::size_t>(t.numel()));
+      } else if (r == "global") {
+        row.format = mode + " global scale";
+        row.detail = l.global.describe();
+      } else {
+        row.format = "activation scale";
+        row.detail = l.act ? l.act->describe() : "";
+        for (const char* from : {"weight_global_scale", "weight_scale_2"})
+          if (auto p = row.detail.find(from); p != std::string::npos) row.detail.replace(p, std::strlen(from), ends_with(n, "input_scale") ? "input_scale" : "input_global_scale");
+      }
+    } else if (unsupported.count(n)) {
+      row.format = "unsupported quantized";
+    } else {
+      row.format = "plain";
+      const std::string why = why_kept(n, t.shape, t.dtype);
+      row.detail = why.empty() ? "projection weight" : why == "not a .weight" ? "" : why;
+      if (stats && has_values(t.dtype)) row.stats = stats_of(t.data, t.dtype, static_cast<std::size_t>(t.numel()));
+    }
+    release(t.data);
+    trim_heap();
+    res.rows.push_back(std::move(row));
+    ++pr.done;
+    pr.current = n;
+    if (progress) progress(pr);
+  }
+  res.notes = det.notes;
+  if (!det.layers.empty())
+    res.notes.push_back(std::to_string(det.layers.size()) + " quantized layers (" + det.convention + ")");
+  std::vector<std::string> mods;
+  std::map<std::string, float> amax;
+  for (const Layer& l : det.layers)
+    if (l.mode == Mode::nvfp4 && l.global.kind != Global::none) {
+      mods.push_back(l.module);
+      amax[l.module] = l.global.to_amax();
+    }
+  std::size_t differing = 0;
+  for (const auto& g : fused_groups(mods)) {
+    bool same = true;
+    for (const std::string& m : g) same = same && amax[m] == amax[g[0]];
+    differing += !same;
+  }
+  if (differing)
+    res.notes.push_back(std::to_string(differing) +
+                        " fused groups (q/k/v, gate/up, ...) have differing global scales; vLLM would merge them with "
+                        "max() (see microscale convert --unify-fused-scales)");
+  return res;
+}
+
+// ---- in memory
+
+CheckpointData load_checkpoint(const fs::path& path) {
+  const Input in = open_input(path);
+  const Detected det = detect(in.ck, in.config);
+  check_unsupported(det);
+  CheckpointData data;
+  data.convention = det.convention;
+  for (const Layer& l : det.layers) {
+    QuantizedLayer ql;
+    ql.module = l.module;
+    Quantized& q = ql.weight;
+    q.spec = l.spec();
+    q.shape = l.shape;
+    q.packed = Tensor(DType::uint8, {l.rows(), l.cols() * l.bits / 8});
+    std::memcpy(q.packed.bytes(), l.packed.data(), l.packed.size());
+    const Shape ss = {l.rows(), l.cols() / l.group};
+    q.scales = Tensor(l.mode == Mode::affine ? *to_dtype(l.float_dtype) : DType::uint8, ss);
+    std::memcpy(q.scales.bytes(), l.scales.data(), l.scales.size());
+    if (l.mode == Mode::affine) {
+      q.biases = Tensor(*to_dtype(l.float_dtype), ss);
+      std::memcpy(q.biases.bytes(), l.biases.data(), l.biases.size());
+    }
+    if (l.act) ql.input_amax = l.act->to_amax();
+    data.layers.push_back(std::move(ql));
+  }
+  for (const std::string& n : in.ck.names()) {
+    if (det.consumed.count(n)) continue;
+    const StTensor& t = in.ck.tensor(n);
+    data.tensors.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data.begin(), t.data.end())});
+  }
+  if (!in.config.is_null()) data.config_json = in.config.dump(2);
+  return data;
+}
+
+void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention to, bool force) {
+  std::vector<Layer> layers;
+  for (const QuantizedLayer& ql : data.layers) {
+    const Quantized& q = ql.weight;
+    const std::string& m = ql.module;
+    const QuantSpec s = resolve(q.spec);
+    if (q.shape.size() != 2) throw Error("layer " + detail::quote(m) + ": only 2-D weights, got " + fmt_shape(q.shape));
+    const std::int64_t n = q.shape[0], k = q.shape[1];
+    if (k % s.group_size != 0) throw Error("layer " + detail::quote(m) + ": K is not a multiple of the group size");
+    const Shape ps = {n, k * s.bits / 8}, ss = {n, k / s.group_size};
+    const DType sd = s.mode == Mode::affine ? q.scales.dtype() : DType::uint8;
+    if (q.packed.dtype() != DType::uint8 || q.packed.shape() != ps)
+      throw Error("layer " + detail::quote(m) + ": packed must be uint8 " + fmt_shape(ps) + ", got " + dtype_name(q.packed.dtype()) + " " + fmt_shape(q.packed.shape()));
+    if (q.scales.shape() != ss || q.scales.dtype() != sd || (s.mode == Mode::affine && !is_float(sd)))
+      throw Error("layer " + detail::quote(m) + ": scales must be " + dtype_name(sd) + " " + fmt_shape(ss) + ", got " + dtype_name(q.scales.dtype()) + " " + fmt_shape(q.scales.shape()));
+    if (s.mode == Mode::affine && (q.biases.shape() != ss || q.biases.dtype() != sd))
+      throw Error("layer " + detail::quote(m) + ": biases must match the scales");
+    if (s.layout != Layout::compact) throw Error("layer " + detail::quote(m) + ": checkpoints store compact scales");
+    Layer l;
+    l.module = m;
+    l.mode = s.mode;
+    l.group = s.group_size;
+    l.bits = s.bits;
+    l.shape = q.shape;
+    if (s.global_scale) l.global = {Global::amax, *s.global_scale};
+    if (ql.input_amax) l.act = Global{Global::amax, *ql.input_amax};
+    l.packed = {q.packed.bytes(), q.packed.nbytes()};
+    l.scales = {q.scales.bytes(), q.scales.nbytes()};
+    if (s.mode == Mode::affine) {
+      l.float_dtype = to_st_dtype(sd);
+      l.biases = {q.biases.bytes(), q.biases.nbytes()};
+    }
+    layers.push_back(std::move(l));
+  }
+  if (layers.empty()) throw Error("save_checkpoint: no quantized layers given");
+  const bool w4a4 = to != Convention::mlx && std::all_of(layers.begin(), layers.end(), [](const Layer& l) { return l.act.has_value(); });
+  std::vector<StTensorData> all;
+  std::vector<std::vector<Out>> keep;
+  QuantMeta meta;
+  meta.w4a4 = w4a4;
+  for (Layer& l : layers) {
+    if (!w4a4) l.act.reset();
+    keep.push_back(emit(l, to));
+    meta.layers.push_back(&l);
+  }
+  for (const auto& outs : keep)
+    for (const Out& o : outs) all.push_back({o.entry.name, o.entry.dtype, o.entry.shape, o.bytes()});
+  for (const RawTensor& t : data.tensors) {
+    if (st_nbytes(t.dtype, t.shape) != t.data.size())
+      throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " + st_dtype_name(t.dtype) + " " + fmt_shape(t.shape));
+    all.push_back({t.name, t.dtype, t.shape, t.data});
+    const std::string r = why_kept(t.name, t.shape, t.dtype);
+    if (ends_with(t.name, ".weight") && t.shape.size() == 2 && (r.empty() || ignorable(r))) meta.ignore.push_back(module_of(t.name));
+  }
+  Json config = data.config_json.empty() ? Json::object()
+                                         : detail::parse_json(data.config_json, "config_json", "config", 256);
+  prepare_output({}, out, force);
+  save_safetensors(out / "model.safetensors", all, to == Convention::mlx ? Metadata{{"format", "mlx"}} : Metadata{{"format", "pt"}});
+  Json hf = apply_config(config, to, meta);
+  write_text_atomic(out / "config.json", config.dump(2) + "\n");
+  if (!hf.is_null()) write_text_atomic(out / "hf_quant_config.json", hf.dump(2) + "\n");
+}
+
+}  // namespace microscale::io

@@ -1,0 +1,396 @@
+// Whole-checkpoint quantize / dequantize / convert / inspect / load / save (checkpoint.hpp):
+// names, dtypes, shapes and global-scale conventions of each layout, byte preservation, fused
+// groups, atomic output handling and errors on damaged input.
+#include <nlohmann/json.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <random>
+
+#include "io_support.hpp"
+#include "microscale/checkpoint.hpp"
+#include "microscale/codecs.hpp"
+#include "microscale/quantize.hpp"
+
+namespace {
+
+using namespace microscale;
+using namespace microscale::io;
+using namespace iot;
+using Json = nlohmann::json;
+
+std::vector<std::uint16_t> bf16_matrix(std::int64_t n, std::int64_t k, float scale, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<std::uint16_t> v(static_cast<std::size_t>(n * k));
+  for (auto& x : v) x = encode_bf16(d(rng));
+  return v;
+}
+
+std::span<const std::byte> bytes_of(const std::vector<std::uint16_t>& v) { return std::as_bytes(std::span(v)); }
+
+Json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return Json::parse(f);
+}
+
+float f32_at(const StTensor& t) {
+  float v;
+  std::memcpy(&v, t.data.data(), 4);
+  return v;
+}
+
+// A tiny Llama-like model: 2 layers of q/k/v/o and gate/up/down, norms, embeddings, lm_head, in
+// two shards with an index, a config.json and a tokenizer file. q/k/v and gate/up get different
+// scales, so their amaxes differ.
+struct Model {
+  TempDir dir;  // model in dir/in, outputs beside it
+  fs::path in = dir / "in";
+  std::map<std::string, std::vector<std::uint16_t>> w;
+  std::map<std::string, Shape> shape;
+
+  Model() {
+    const std::int64_t h = 64, inter = 128, kv = 32, vocab = 48;
+    auto add = [&](const std::string& n, Shape s, float scale) {
+      w[n] = bf16_matrix(s[0], s.size() > 1 ? s[1] : 1, scale, static_cast<unsigned>(w.size() + 1));
+      shape[n] = std::move(s);
+    };
+    add("model.embed_tokens.weight", {vocab, h}, 0.02f);
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      add(p + "input_layernorm.weight", {h}, 1.0f);
+      add(p + "self_attn.q_proj.weight", {h, h}, 0.02f);
+      add(p + "self_attn.k_proj.weight", {kv, h}, 0.05f);
+      add(p + "self_attn.v_proj.weight", {kv, h}, 0.01f);
+      add(p + "self_attn.o_proj.weight", {h, h}, 0.02f);
+      add(p + "mlp.gate_proj.weight", {inter, h}, 0.03f);
+      add(p + "mlp.up_proj.weight", {inter, h}, 0.02f);
+      add(p + "mlp.down_proj.weight", {h, inter}, 0.02f);
+    }
+    add("model.norm.weight", {h}, 1.0f);
+    add("lm_head.weight", {vocab, h}, 0.02f);
+    fs::create_directories(in);
+    std::vector<fs::path> shards;
+    std::vector<StTensorData> part;
+    std::size_t i = 0;
+    for (const auto& [n, v] : w) {
+      part.push_back({n, StDType::bf16, shape[n], bytes_of(v)});
+      if (++i == w.size() / 2 || i == w.size()) {
+        shards.push_back(in / shard_file_name(shards.size(), 2));
+        save_safetensors(shards.back(), part, {{"format", "pt"}});
+        part.clear();
+      }
+    }
+    write_index(in / "model.safetensors.index.json", shards);
+    write_bytes(in / "config.json", iot::bytes_of(R"({"model_type": "llama", "hidden_size": 64})"));
+    write_bytes(in / "tokenizer.json", iot::bytes_of("{}"));
+  }
+  TensorView view(const std::string& n) const { return TensorView(w.at(n).data(), DType::bfloat16, shape.at(n)); }
+};
+
+QuantizeOptions qopt(Mode mode, Convention to, int bits = 0) {
+  QuantizeOptions o;
+  o.spec.mode = mode;
+  o.spec.bits = bits;
+  o.to = to;
+  return o;
+}
+
+const std::string kQ = "model.layers.0.self_attn.q_proj";
+const std::string kDown = "model.layers.1.mlp.down_proj";
+
+TEST(Convert, CompressedTensorsNvfp4Layout) {
+  Model m;
+  QuantizeOptions o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  Progress last;
+  o.progress = [&](const Progress& p) { last = p; };
+  const Report r = quantize_checkpoint(m.in, m.dir.path() / "ct", o);
+  EXPECT_EQ(last.done, last.total);
+  EXPECT_EQ(last.bytes_done, last.bytes_total);
+  EXPECT_EQ(r.shards, 2u);
+
+  Checkpoint c = Checkpoint::open(m.dir.path() / "ct");
+  c.validate();
+  const StTensor& p = c.tensor(kQ + ".weight_packed");
+  EXPECT_EQ(p.dtype, StDType::u8);
+  EXPECT_EQ(p.shape, (Shape{64, 32}));
+  const StTensor& s = c.tensor(kQ + ".weight_scale");
+  EXPECT_EQ(s.dtype, StDType::f8_e4m3);
+  EXPECT_EQ(s.shape, (Shape{64, 4}));
+  const StTensor& g = c.tensor(kQ + ".weight_global_scale");
+  EXPECT_EQ(g.dtype, StDType::f32);
+  EXPECT_EQ(g.shape, (Shape{1}));
+  EXPECT_FALSE(c.contains(kQ + ".weight"));
+  EXPECT_FALSE(c.contains(kQ + ".input_global_scale"));  // weight-only
+  // Kept as they are: embeddings, norms, lm_head.
+  EXPECT_EQ(c.tensor("lm_head.weight").dtype, StDType::bf16);
+  EXPECT_EQ(c.tensor("model.embed_tokens.weight").dtype, StDType::bf16);
+  EXPECT_EQ(c.tensor("model.norm.weight").dtype, StDType::bf16);
+
+  // Fused q/k/v share the encode factor fl(2688 / max amax); o_proj has its own.
+  float amax = 0;
+  for (const char* n : {"q_proj", "k_proj", "v_proj"})
+    amax = std::max(amax, global_scale(m.view("model.layers.0.self_attn." + std::string(n) + ".weight")));
+  const float gs = 2688.0f / amax;
+  for (const char* n : {"q_proj", "k_proj", "v_proj"})
+    EXPECT_EQ(f32_at(c.tensor("model.layers.0.self_attn." + std::string(n) + ".weight_global_scale")), gs) << n;
+  const float o_amax = global_scale(m.view("model.layers.0.self_attn.o_proj.weight"));
+  EXPECT_EQ(f32_at(c.tensor("model.layers.0.self_attn.o_proj.weight_global_scale")), 2688.0f / o_amax);
+
+  // The bytes are exactly microscale's three-level quantization with that amax.
+  QuantSpec spec;
+  spec.global_scale = amax;
+  const Quantized q = quantize(m.view(kQ + ".weight"), spec);
+  EXPECT_EQ(to_bytes(p.data), to_bytes({q.packed.bytes(), q.packed.nbytes()}));
+  EXPECT_EQ(to_bytes(s.data), to_bytes({q.scales.bytes(), q.scales.nbytes()}));
+
+  const Json cfg = read_json(m.dir.path() / "ct" / "config.json");
+  EXPECT_EQ(cfg["model_type"], "llama");
+  const Json& qc = cfg["quantization_config"];
+  EXPECT_EQ(qc["quant_method"], "compressed-tensors");
+  EXPECT_EQ(qc["format"], "nvfp4-pack-quantized");
+  EXPECT_EQ(qc["quantization_status"], "compressed");
+  EXPECT_EQ(qc["ignore"], Json::array({"lm_head"}));
+  const Json& w = qc["config_groups"]["group_0"]["weights"];
+  EXPECT_EQ(w["strategy"], "tensor_group");
+  EXPECT_EQ(w["group_size"], 16);
+  EXPECT_EQ(w["scale_dtype"], "float8_e4m3fn");
+  EXPECT_TRUE(qc["config_groups"]["group_0"]["input_activations"].is_null());
+  EXPECT_TRUE(fs::exists(m.dir.path() / "ct" / "tokenizer.json"));
+  EXPECT_FALSE(fs::exists(m.dir.path() / "ct" / "hf_quant_config.json"));
+}
+
+TEST(Convert, ModelOptAndMlxLayouts) {
+  Model m;
+  quantize_checkpoint(m.in, m.dir.path() / "mo", qopt(Mode::nvfp4, Convention::modelopt));
+  Checkpoint c = Checkpoint::open(m.dir.path() / "mo");
+  EXPECT_EQ(c.tensor(kQ + ".weight").dtype, StDType::u8);
+  EXPECT_EQ(c.tensor(kQ + ".weight_scale").dtype, StDType::f8_e4m3);
+  const StTensor& ws2 = c.tensor(kQ + ".weight_scale_2");
+  EXPECT_EQ(ws2.shape, Shape{});
+  float amax = 0;
+  for (const char* n : {"q_proj", "k_proj", "v_proj"})
+    amax = std::max(amax, global_scale(m.view("model.layers.0.self_attn." + std::string(n) + ".weight")));
+  EXPECT_EQ(f32_at(ws2), amax / 2688.0f);
+  const Json hf = read_json(m.dir.path() / "mo" / "hf_quant_config.json");
+  EXPECT_EQ(hf["quantization"]["quant_algo"], "W4A16_NVFP4");
+  EXPECT_EQ(hf["quantization"]["group_size"], 16);
+  EXPECT_EQ(read_json(m.dir.path() / "mo" / "config.json")["quantization_config"]["quant_method"], "modelopt");
+
+  for (auto [mode, bits, scale_dt] : {std::tuple{Mode::affine, 4, StDType::bf16}, std::tuple{Mode::mxfp8, 0, StDType::u8},
+                                      std::tuple{Mode::nvfp4, 0, StDType::u8}}) {
+    const fs::path dst = m.dir.path() / ("mlx_" + std::string(name(mode)));
+    quantize_checkpoint(m.in, dst, qopt(mode, Convention::mlx, bits));
+    Checkpoint x = Checkpoint::open(dst);
+    const int b = mode == Mode::mxfp8 ? 8 : 4, g = mode == Mode::affine ? 64 : mode == Mode::nvfp4 ? 16 : 32;
+    EXPECT_EQ(x.tensor(kDown + ".weight").dtype, StDType::u32);
+    EXPECT_EQ(x.tensor(kDown + ".weight").shape, (Shape{64, 128 * b / 32}));
+    EXPECT_EQ(x.tensor(kDown + ".scales").dtype, scale_dt);
+    EXPECT_EQ(x.tensor(kDown + ".scales").shape, (Shape{64, 128 / g}));
+    EXPECT_EQ(x.contains(kDown + ".biases"), mode == Mode::affine);
+    EXPECT_EQ(x.shard(0).metadata().at("format"), "mlx");
+    const Json cfg = read_json(dst / "config.json");
+    EXPECT_EQ(cfg["quantization"], (Json{{"group_size", g}, {"bits", b}, {"mode", name(mode)}}));
+    EXPECT_EQ(cfg["quantization_config"], cfg["quantization"]);
+    // Two-level nvfp4 / plain mx and affine: dequantize gives exactly what quantize+dequantize does.
+    const fs::path back = m.dir.path() / ("deq_" + std::string(name(mode)));
+    DequantizeOptions dq;
+    dq.dtype = DType::float32;
+    dequantize_checkpoint(dst, back, dq);
+    QuantSpec spec;
+    spec.mode = mode;
+    spec.bits = bits;
+    const Tensor want = dequantize(quantize(m.view(kDown + ".weight"), spec), DType::float32);
+    Checkpoint d = Checkpoint::open(back);
+    EXPECT_EQ(d.tensor(kDown + ".weight").dtype, StDType::f32);
+    EXPECT_EQ(to_bytes(d.tensor(kDown + ".weight").data), to_bytes({want.bytes(), want.nbytes()}));
+    EXPECT_FALSE(read_json(back / "config.json").contains("quantization"));
+  }
+}
+
+TEST(Convert, BytesPreservedAcrossLayouts) {
+  Model m;
+  quantize_checkpoint(m.in, m.dir.path() / "ct", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  ConvertOptions co;
+  co.to = Convention::modelopt;
+  convert_checkpoint(m.dir.path() / "ct", m.dir.path() / "mo", co);
+  co.to = Convention::compressed_tensors;
+  convert_checkpoint(m.dir.path() / "mo", m.dir.path() / "ct2", co);
+  convert_checkpoint(m.dir.path() / "ct", m.dir.path() / "ct3", co);
+  Checkpoint a = Checkpoint::open(m.dir.path() / "ct"), b = Checkpoint::open(m.dir.path() / "mo"),
+             c = Checkpoint::open(m.dir.path() / "ct2"), same = Checkpoint::open(m.dir.path() / "ct3");
+  for (const std::string& n : a.names()) EXPECT_EQ(to_bytes(a.tensor(n).data), to_bytes(same.tensor(n).data)) << n;
+  for (const std::string& mod : {kQ, kDown}) {
+    EXPECT_EQ(to_bytes(a.tensor(mod + ".weight_packed").data), to_bytes(b.tensor(mod + ".weight").data));
+    EXPECT_EQ(to_bytes(a.tensor(mod + ".weight_scale").data), to_bytes(b.tensor(mod + ".weight_scale").data));
+    EXPECT_EQ(to_bytes(a.tensor(mod + ".weight_packed").data), to_bytes(c.tensor(mod + ".weight_packed").data));
+    // Conventions: ws2 = amax/2688 with amax = 2688/gs; back to CT within one ulp.
+    const float gs = f32_at(a.tensor(mod + ".weight_global_scale"));
+    EXPECT_EQ(f32_at(b.tensor(mod + ".weight_scale_2")), (2688.0f / gs) / 2688.0f);
+    const float gs2 = f32_at(c.tensor(mod + ".weight_global_scale"));
+    EXPECT_LE(std::fabs(gs2 - gs), std::nextafter(gs, INFINITY) - gs);
+  }
+  // Three-level nvfp4 has no MLX layout: refused before anything is written.
+  co.to = Convention::mlx;
+  expect_error([&] { convert_checkpoint(m.dir.path() / "ct", m.dir.path() / "mlx", co); }, {"two-level", "Re-quantize"});
+  EXPECT_FALSE(fs::exists(m.dir.path() / "mlx"));
+
+  // MLX two-level nvfp4 converts to CT with global scale 1 (decode factor 1), same bytes.
+  quantize_checkpoint(m.in, m.dir.path() / "mlxq", qopt(Mode::nvfp4, Convention::mlx));
+  co.to = Convention::compressed_tensors;
+  convert_checkpoint(m.dir.path() / "mlxq", m.dir.path() / "from_mlx", co);
+  Checkpoint x = Checkpoint::open(m.dir.path() / "mlxq"), y = Checkpoint::open(m.dir.path() / "from_mlx");
+  EXPECT_EQ(f32_at(y.tensor(kQ + ".weight_global_scale")), 1.0f);
+  EXPECT_EQ(to_bytes(x.tensor(kQ + ".weight").data), to_bytes(y.tensor(kQ + ".weight_packed").data));
+  EXPECT_EQ(to_bytes(x.tensor(kQ + ".scales").data), to_bytes(y.tensor(kQ + ".weight_scale").data));
+  // Affine has no compressed-tensors layout.
+  quantize_checkpoint(m.in, m.dir.path() / "aff", qopt(Mode::affine, Convention::mlx, 8));
+  expect_error([&] { convert_checkpoint(m.dir.path() / "aff", m.dir.path() / "aff_ct", co); }, {"compressed-tensors has no layout"});
+}
+
+TEST(Convert, FusedScalesNeverMergedSilently) {
+  Model m;
+  QuantizeOptions o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  o.share_fused_scales = false;
+  quantize_checkpoint(m.in, m.dir.path() / "sep", o);
+  Checkpoint s = Checkpoint::open(m.dir.path() / "sep");
+  EXPECT_NE(f32_at(s.tensor(kQ + ".weight_global_scale")),
+            f32_at(s.tensor("model.layers.0.self_attn.k_proj.weight_global_scale")));
+  const InspectResult ir = inspect_checkpoint(m.dir.path() / "sep", false);
+  EXPECT_TRUE(std::any_of(ir.notes.begin(), ir.notes.end(), [](auto& n) { return n.find("differing global") != std::string::npos; }));
+
+  ConvertOptions co;
+  co.to = Convention::modelopt;
+  const Report kept = convert_checkpoint(m.dir.path() / "sep", m.dir.path() / "kept", co);
+  EXPECT_TRUE(std::any_of(kept.notes.begin(), kept.notes.end(), [](auto& n) { return n.find("kept per shard") != std::string::npos; }));
+  co.unify_fused_scales = true;
+  convert_checkpoint(m.dir.path() / "sep", m.dir.path() / "unified", co);
+  Checkpoint u = Checkpoint::open(m.dir.path() / "unified");
+  const float ws = f32_at(u.tensor(kQ + ".weight_scale_2"));
+  EXPECT_EQ(ws, f32_at(u.tensor("model.layers.0.self_attn.k_proj.weight_scale_2")));
+  EXPECT_EQ(ws, f32_at(u.tensor("model.layers.0.self_attn.v_proj.weight_scale_2")));
+  EXPECT_NE(ws, f32_at(u.tensor("model.layers.0.self_attn.o_proj.weight_scale_2")));
+}
+
+TEST(Convert, SelectionActivationsAndForce) {
+  Model m;
+  QuantizeOptions o = qopt(Mode::mxfp4, Convention::compressed_tensors);
+  o.exclude = {"down_proj"};
+  o.include = {"lm_head"};
+  const Report r = quantize_checkpoint(m.in, m.dir.path() / "a", o);
+  Checkpoint c = Checkpoint::open(m.dir.path() / "a");
+  EXPECT_EQ(c.tensor(kDown + ".weight").dtype, StDType::bf16);
+  EXPECT_EQ(c.tensor("lm_head.weight_packed").dtype, StDType::u8);
+  EXPECT_EQ(c.tensor(kQ + ".weight_scale").dtype, StDType::u8);  // E8M0 codes
+  EXPECT_EQ(c.tensor(kQ + ".weight_scale").shape, (Shape{64, 2}));
+  const Json cfg = read_json(m.dir.path() / "a" / "config.json");
+  EXPECT_EQ(cfg["quantization_config"]["format"], "mxfp4-pack-quantized");
+  EXPECT_EQ(cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"], "group");
+  EXPECT_EQ(cfg["quantization_config"]["ignore"], Json::array({"model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"}));
+  // compressed-tensors mxfp4 uses llm-compressor's 'even' E8M0 rule.
+  QuantSpec even;
+  even.mode = Mode::mxfp4;
+  even.scale_rule = ScaleRule::even;
+  const Quantized q = quantize(m.view(kQ + ".weight"), even);
+  EXPECT_EQ(to_bytes(c.tensor(kQ + ".weight_scale").data), to_bytes({q.scales.bytes(), q.scales.nbytes()}));
+
+  // Refuses to overwrite; --force replaces, and a refused run leaves the directory as it was.
+  expect_error([&] { quantize_checkpoint(m.in, m.dir.path() / "a", o); }, {"not empty", "--force"});
+  o.force = true;
+  quantize_checkpoint(m.in, m.dir.path() / "a", o);
+  expect_error([&] { quantize_checkpoint(m.in, m.in, o); }, {"is the input directory"});
+
+  // W4A4 without activation scales is refused; with them, input scales and a W4A4 config.
+  QuantizeOptions w = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  w.w4a4 = true;
+  expect_error([&] { quantize_checkpoint(m.in, m.dir.path() / "w4a4", w); }, {"W4A4", "activation amax"});
+  EXPECT_FALSE(fs::exists(m.dir.path() / "w4a4"));
+  for (const auto& [n, v] : m.w)
+    if (why_kept(n, m.shape.at(n), StDType::bf16).empty()) w.activation_amax[n.substr(0, n.size() - 7)] = 3.5f;
+  quantize_checkpoint(m.in, m.dir.path() / "w4a4", w);
+  Checkpoint a = Checkpoint::open(m.dir.path() / "w4a4");
+  EXPECT_EQ(f32_at(a.tensor(kQ + ".input_global_scale")), 2688.0f / 3.5f);
+  EXPECT_EQ(read_json(m.dir.path() / "w4a4" / "config.json")["quantization_config"]["config_groups"]["group_0"]
+                     ["input_activations"]["dynamic"], "local");
+  ConvertOptions co;
+  co.to = Convention::modelopt;
+  convert_checkpoint(m.dir.path() / "w4a4", m.dir.path() / "w4a4_mo", co);
+  Checkpoint b = Checkpoint::open(m.dir.path() / "w4a4_mo");
+  EXPECT_EQ(f32_at(b.tensor(kQ + ".input_scale")), (2688.0f / (2688.0f / 3.5f)) / 2688.0f);
+  EXPECT_EQ(read_json(m.dir.path() / "w4a4_mo" / "hf_quant_config.json")["quantization"]["quant_algo"], "NVFP4");
+}
+
+TEST(Convert, DamagedInputsGiveClearErrors) {
+  Model m;
+  const fs::path shard = m.in / shard_file_name(1, 2);
+  Bytes good = read_bytes(shard);
+  auto quant = [&](const char* dst) { quantize_checkpoint(m.in, m.dir.path() / dst, qopt(Mode::nvfp4, Convention::mlx)); };
+  // Truncated data area.
+  write_bytes(shard, Bytes(good.begin(), good.end() - 100));
+  expect_error([&] { quant("t"); }, {shard.string()});
+  // Header length larger than the file (oversized).
+  Bytes big = good;
+  big[7] = std::byte{0x7F};
+  write_bytes(shard, big);
+  expect_error([&] { quant("o"); }, {shard.string(), "header"});
+  // Corrupted JSON.
+  Bytes bad = good;
+  bad[9] = std::byte{'#'};
+  write_bytes(shard, bad);
+  expect_error([&] { quant("c"); }, {shard.string(), "JSON"});
+  write_bytes(shard, good);
+
+  // A quantized layer with a missing global scale / inconsistent scales.
+  quantize_checkpoint(m.in, m.dir.path() / "ct", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  CheckpointData d = load_checkpoint(m.dir.path() / "ct");
+  ASSERT_FALSE(d.layers.empty());
+  d.layers[0].weight.scales = Tensor(DType::uint8, {3, 3});
+  expect_error([&] { save_checkpoint(m.dir.path() / "bad", d, Convention::modelopt); }, {"scales must be uint8"});
+  std::vector<StTensorData> t = {{"x.weight_packed", StDType::u8, {4, 8}, {}},
+                                 {"x.weight_scale", StDType::f8_e4m3, {4, 1}, {}}};
+  Bytes pk(32), sc(4);
+  t[0].data = pk;
+  t[1].data = sc;
+  fs::create_directories(m.dir.path() / "broken");
+  save_safetensors(m.dir.path() / "broken" / "model.safetensors", t);
+  expect_error([&] { (void)inspect_checkpoint(m.dir.path() / "broken"); }, {"x", "weight_global_scale"});
+  expect_error([&] { dequantize_checkpoint(m.in, m.dir.path() / "none", DequantizeOptions()); }, {"no quantized layers"});
+}
+
+TEST(Convert, InspectAndInMemoryRoundTrip) {
+  Model m;
+  quantize_checkpoint(m.in, m.dir.path() / "ct", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  const InspectResult r = inspect_checkpoint(m.dir.path() / "ct");
+  EXPECT_EQ(r.convention, "compressed-tensors");
+  bool saw_global = false, saw_packed = false;
+  for (const InspectRow& row : r.rows) {
+    if (row.name == kQ + ".weight_global_scale") {
+      saw_global = true;
+      EXPECT_NE(row.detail.find("= 2688/amax -> amax"), std::string::npos) << row.detail;
+    }
+    if (row.name == kQ + ".weight_packed") {
+      saw_packed = true;
+      EXPECT_EQ(row.format, "nvfp4 packed");
+      ASSERT_TRUE(row.stats.valid);
+      EXPECT_GT(row.stats.std, 0.01);
+      EXPECT_LT(row.stats.std, 0.03);
+    }
+  }
+  EXPECT_TRUE(saw_global && saw_packed);
+
+  CheckpointData d = load_checkpoint(m.dir.path() / "ct");
+  EXPECT_EQ(d.convention, "compressed-tensors");
+  EXPECT_EQ(d.layers.size(), 14u);
+  EXPECT_EQ(d.tensors.size(), 5u);  // embeddings, lm_head, three norms
+  save_checkpoint(m.dir.path() / "mo", d, Convention::modelopt);
+  CheckpointData e = load_checkpoint(m.dir.path() / "mo");
+  EXPECT_EQ(e.convention, "modelopt");
+  for (std::size_t i = 0; i < d.layers.size(); ++i) {
+    EXPECT_EQ(d.layers[i].module, e.layers[i].module);
+    const Tensor a = dequantize(d.layers[i].weight, DType::float32), b = dequantize(e.layers[i].weight, DType::float32);
+    for (std::int64_t k = 0; k < a.numel(); ++k)
+      EXPECT_NEAR(a.data<float>()[k], b.data<float>()[k], 1e-6f * std::fabs(a.data<float>()[k])) << d.layers[i].module;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,168 @@
+"""microscale.load_checkpoint / save_checkpoint: quantized layers in and out of the
+compressed-tensors, ModelOpt and MLX layouts, read back by the reference `safetensors` package
+and (MLX) by `mlx` itself."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import microscale
+from ckpt_support import BF16, header, load_all, make_tensors, write_model
+
+safetensors = pytest.importorskip("safetensors")
+
+
+def _layers(tensors, mode, **kw):
+    out = {}
+    for name, w in tensors.items():
+        if name.endswith(".weight") and w.ndim == 2 and "embed" not in name and "lm_head" not in name:
+            out[name[: -len(".weight")]] = microscale.QuantizedWeight.from_float(w, mode=mode, **kw)
+    return out
+
+
+def _plain(tensors, layers):
+    return {n: t for n, t in tensors.items() if n[: -len(".weight")] not in layers}
+
+
+CASES = [
+    ("compressed-tensors", "nvfp4", dict(global_scale=True)),
+    ("compressed-tensors", "mxfp4", {}),
+    ("modelopt", "nvfp4", dict(global_scale=True)),
+    ("mlx", "nvfp4", {}),
+    ("mlx", "mxfp4", {}),
+    ("mlx", "mxfp8", {}),
+    ("mlx", "affine", dict(bits=4, group_size=64)),
+    ("mlx", "affine", dict(bits=8, group_size=32)),
+]
+
+
+@pytest.mark.parametrize("export,mode,kw", CASES, ids=[f"{e}-{m}-{k.get('bits', '')}" for e, m, k in CASES])
+def test_save_load_round_trip(tmp_path, export, mode, kw):
+    t = make_tensors(layers=1)
+    layers = _layers(t, mode, **kw)
+    plain = _plain(t, layers)
+    cfg = {"model_type": "llama"}
+    microscale.save_checkpoint(tmp_path, layers, plain, config=cfg, export=export)
+
+    # The reference package reads every tensor, with the layout's names, dtypes and shapes.
+    hdr = header(tmp_path / "model.safetensors")
+    got = load_all(str(tmp_path))
+    m = "model.layers.0.mlp.down_proj"
+    n, k = t[m + ".weight"].shape
+    if export == "compressed-tensors":
+        assert hdr[m + ".weight_packed"]["dtype"] == "U8" and hdr[m + ".weight_packed"]["shape"] == [n, k // 2]
+        g = 16 if mode == "nvfp4" else 32
+        assert hdr[m + ".weight_scale"]["dtype"] == ("F8_E4M3" if mode == "nvfp4" else "U8")
+        assert hdr[m + ".weight_scale"]["shape"] == [n, k // g]
+        if mode == "nvfp4":
+            assert hdr[m + ".weight_global_scale"] == {**hdr[m + ".weight_global_scale"], "dtype": "F32", "shape": [1]}
+            amax = layers[m].global_scale
+            assert got[m + ".weight_global_scale"][0] == np.float32(2688) / np.float32(amax)
+        qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+        assert qc["quant_method"] == "compressed-tensors"
+        assert qc["format"] == f"{mode}-pack-quantized"
+    elif export == "modelopt":
+        assert hdr[m + ".weight"]["dtype"] == "U8" and hdr[m + ".weight_scale"]["dtype"] == "F8_E4M3"
+        assert hdr[m + ".weight_scale_2"]["shape"] == []
+        assert got[m + ".weight_scale_2"] == np.float32(layers[m].global_scale) / np.float32(2688)
+        hf = json.loads((tmp_path / "hf_quant_config.json").read_text())
+        assert hf["quantization"]["quant_algo"] == "W4A16_NVFP4"
+    else:
+        q = layers[m]
+        assert hdr[m + ".weight"]["dtype"] == "U32" and hdr[m + ".weight"]["shape"] == [n, k * q.bits // 32]
+        assert hdr[m + ".scales"]["shape"] == [n, k // q.group_size]
+        assert (m + ".biases" in hdr) == (mode == "affine")
+        cfg2 = json.loads((tmp_path / "config.json").read_text())
+        assert cfg2["quantization"] == {"group_size": q.group_size, "bits": q.bits, "mode": mode}
+        assert cfg2["quantization_config"] == cfg2["quantization"]
+    for name, arr in plain.items():
+        assert got[name].dtype == arr.dtype and np.array_equal(got[name].view(np.uint8), arr.view(np.uint8))
+
+    # And microscale reads back the same layers.
+    ck = microscale.load_checkpoint(tmp_path)
+    assert ck.format == export
+    assert set(ck.layers) == set(layers)
+    assert ck.config["model_type"] == "llama"
+    for name, q in layers.items():
+        r = ck.layers[name]
+        assert (r.mode, r.group_size, r.bits, r.shape) == (q.mode, q.group_size, q.bits, q.shape)
+        assert np.array_equal(r.packed, q.packed)
+        assert np.array_equal(r.scales.view(np.uint8), q.scales.view(np.uint8))
+        # A global scale crosses a convention within one float32 ulp.
+        if q.global_scale is not None:
+            assert abs(r.global_scale - q.global_scale) <= np.spacing(np.float32(q.global_scale))
+        np.testing.assert_allclose(r.dequantize(), q.dequantize(), rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("mode,kw", [("nvfp4", {}), ("mxfp4", {}), ("mxfp8", {}), ("affine", dict(bits=4)),
+                                     ("affine", dict(bits=8))])
+def test_mlx_export_read_by_mlx(tmp_path, mode, kw):
+    mx = pytest.importorskip("mlx.core")
+    t = make_tensors(layers=1, dtype=np.float32)
+    layers = _layers(t, mode, **kw)
+    microscale.save_checkpoint(tmp_path, layers, _plain(t, layers), export="mlx")
+    w = mx.load(str(tmp_path / "model.safetensors"))
+    for name, q in layers.items():
+        wq, s = w[name + ".weight"], w[name + ".scales"]
+        assert wq.dtype == mx.uint32
+        b = w.get(name + ".biases")
+        got = mx.dequantize(wq, s, b, group_size=q.group_size, bits=q.bits, mode=mode, dtype=mx.float32)
+        want = q.dequantize("float32")
+        # MLX decodes the same codes to the same values (affine: f32 output is bit-exact with MLX).
+        np.testing.assert_array_equal(np.array(got), want, err_msg=name)
+
+
+def test_w4a4_and_errors(tmp_path):
+    t = make_tensors(layers=1)
+    layers = _layers(t, "nvfp4", global_scale=True)
+    for q in layers.values():
+        q.input_amax = 7.0
+    microscale.save_checkpoint(tmp_path / "a", layers, export="compressed-tensors")
+    got = load_all(str(tmp_path / "a"))
+    m = next(iter(layers))
+    assert got[m + ".input_global_scale"][0] == np.float32(384.0)  # 2688 / 7
+    assert microscale.load_checkpoint(tmp_path / "a").layers[m].input_amax == 7.0
+    # Refuses a non-empty directory unless forced.
+    with pytest.raises(ValueError, match="not empty"):
+        microscale.save_checkpoint(tmp_path / "a", layers, export="modelopt")
+    microscale.save_checkpoint(tmp_path / "a", layers, export="modelopt", force=True)
+    assert os.path.exists(tmp_path / "a" / "hf_quant_config.json")
+    # Modes a layout cannot hold, and inconsistent layers, are clear errors.
+    aff = _layers(t, "affine", bits=4)
+    with pytest.raises(ValueError, match="compressed-tensors has no layout for affine"):
+        microscale.save_checkpoint(tmp_path / "b", aff, export="compressed-tensors")
+    bad = next(iter(_layers(t, "nvfp4").values()))
+    bad.scales = bad.scales[:, :1]
+    with pytest.raises(ValueError, match="scales must be"):
+        microscale.save_checkpoint(tmp_path / "c", {"x": bad}, export="mlx")
+    with pytest.raises(ValueError, match="unknown export"):
+        microscale.save_checkpoint(tmp_path / "d", layers, export="gguf")
+
+
+def test_load_sharded_float_model(tmp_path):
+    t = make_tensors(layers=2)
+    write_model(str(tmp_path), t, shards=2)
+    ck = microscale.load_checkpoint(tmp_path)
+    assert ck.format == "none" and not ck.layers
+    assert set(ck.tensors) == set(t)
+    for n, a in t.items():
+        assert ck.tensors[n].dtype == BF16 and np.array_equal(ck.tensors[n].view(np.uint16), a.view(np.uint16))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "oversized", "corrupted"])
+def test_damaged_files_raise(tmp_path, damage):
+    t = make_tensors(layers=1)
+    write_model(str(tmp_path), t, shards=1)
+    p = tmp_path / "model.safetensors"
+    b = bytearray(p.read_bytes())
+    if damage == "truncated":
+        b = b[:-37]
+    elif damage == "oversized":
+        b[0:8] = (len(b) * 4).to_bytes(8, "little")
+    else:
+        b[10:14] = b"\xff\xfe{{"
+    p.write_bytes(bytes(b))
+    with pytest.raises(ValueError, match="model.safetensors"):
+        microscale.load_checkpoint(tmp_path)

