@@ -131,7 +131,7 @@ HWY_ALIGN constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  
 
 // Float32 scale factors of 16 consecutive groups from their code bytes (E4M3 for nvfp4, times
 // the three-level factor exactly as dequantize forms it; E8M0 for mx).
-hn::Vec<DF> ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) {
+HWY_INLINE hn::Vec<DF> ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) {
   const DF df;
   const DU du;
   const hn::Rebind<std::uint8_t, DF> du8;
@@ -206,8 +206,12 @@ void GemvRowsFp4(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std
     for (int m = 0; m < kM; ++m) acc0[m] = acc1[m] = hn::Zero(df);
     for (std::int64_t c0 = 0; c0 < chunks; c0 += chunks_per_scales) {
       const std::int64_t group0 = c0 * 32 / w.spec.group_size;
-      HWY_ALIGN std::uint8_t codes[16] = {};
-      std::memcpy(codes, sc + group0, static_cast<std::size_t>(std::min<std::int64_t>(16, groups - group0)));
+      HWY_ALIGN std::uint8_t tail[16] = {};  // the row's last codes, zero-padded to 16
+      const std::uint8_t* codes = sc + group0;
+      if (groups - group0 < 16) {
+        std::memcpy(tail, codes, static_cast<std::size_t>(groups - group0));
+        codes = tail;
+      }
       const auto factors = ScaleFactors16(codes, w.spec);
       const std::int64_t c1 = std::min(chunks, c0 + chunks_per_scales);
       std::int64_t c = c0;
