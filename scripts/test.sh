@@ -74,4 +74,7 @@ for target in $("$PYTHON" -c "import microscale; print(' '.join(microscale.avail
     --gtest_filter='QuantizedMatmul.*:Qqmm.*:GatherQmm.*:Layers.*:Threads.*'
 done
 
+step "fuzz the safetensors parser (libFuzzer, 30 s over the seed corpus)"
+bash tests/fuzz/run.sh 30
+
 step "all checks passed"
