@@ -47,12 +47,24 @@ Data& data() {
   return d;
 }
 
+enum class Kind { quantize, dequantize, amax, find_nonfinite };
+
 struct Op {
-  const char* name;  // "src->dst"
-  ms::DType in;      // quantize: input dtype; dequantize: output dtype
-  ms::Mode mode;
-  bool quantize;
+  const char* name;  // "src->dst", or the input dtype
+  Kind kind;
+  ms::DType dtype;  // the float side: quantize/amax input, dequantize output
+  ms::Mode mode = ms::Mode::nvfp4;
 };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::quantize: return "quantize:";
+    case Kind::dequantize: return "dequantize:";
+    case Kind::amax: return "amax_finite:";
+    case Kind::find_nonfinite: return "find_nonfinite:";
+  }
+  return "";
+}
 
 ms::QuantSpec spec_of(const Op& op) {
   ms::QuantSpec s;
@@ -65,9 +77,9 @@ ms::QuantSpec spec_of(const Op& op) {
 void traffic(const Op& op, std::int64_t& rd, std::int64_t& wr) {
   const ms::QuantSpec s = spec_of(op);
   const std::int64_t q = 1024 * s.bits / 8 + 1024 / s.group_size;
-  const std::int64_t f = 1024 * static_cast<std::int64_t>(ms::dtype_size(op.in));
-  rd = op.quantize ? f : q;
-  wr = op.quantize ? q : f;
+  const std::int64_t f = 1024 * static_cast<std::int64_t>(ms::dtype_size(op.dtype));
+  rd = op.kind == Kind::dequantize ? q : f;
+  wr = op.kind == Kind::quantize ? q : op.kind == Kind::dequantize ? f : 0;
 }
 
 void set_counters(benchmark::State& st, const Op& op) {
@@ -83,15 +95,25 @@ void run_op(benchmark::State& st, Op op) {
   ms::set_num_threads(static_cast<int>(st.range(0)));
   const ms::QuantSpec s = spec_of(op);
   auto* scales = reinterpret_cast<std::byte*>(d.scales.data());
-  const void* x = op.in == ms::DType::float32 ? static_cast<const void*>(d.f32.data()) : d.bf16.data();
-  if (!op.quantize)  // real codes and scales (zero scales would make every product subnormal)
+  const void* x = op.dtype == ms::DType::float32 ? static_cast<const void*>(d.f32.data()) : d.bf16.data();
+  if (op.kind == Kind::dequantize)  // real codes and scales (zero scales would make every product subnormal)
     ms::cpu::quantize(d.f32.data(), ms::DType::float32, kRows, kK, s, d.packed.data(), scales, nullptr);
   for (auto _ : st) {
-    if (op.quantize)
-      ms::cpu::quantize(x, op.in, kRows, kK, s, d.packed.data(), scales, nullptr);
-    else
-      ms::cpu::dequantize(d.packed.data(), scales, nullptr, ms::DType::uint8, kRows, kK, s, op.in,
-                          reinterpret_cast<std::byte*>(d.out.data()));
+    switch (op.kind) {
+      case Kind::quantize:
+        ms::cpu::quantize(x, op.dtype, kRows, kK, s, d.packed.data(), scales, nullptr);
+        break;
+      case Kind::dequantize:
+        ms::cpu::dequantize(d.packed.data(), scales, nullptr, ms::DType::uint8, kRows, kK, s, op.dtype,
+                            reinterpret_cast<std::byte*>(d.out.data()));
+        break;
+      case Kind::amax:
+        benchmark::DoNotOptimize(ms::cpu::amax_finite(x, op.dtype, kN));
+        break;
+      case Kind::find_nonfinite:
+        benchmark::DoNotOptimize(ms::cpu::find_nonfinite(x, op.dtype, kN));
+        break;
+    }
     benchmark::ClobberMemory();
   }
   set_counters(st, op);
@@ -108,6 +130,7 @@ void stream_pass(const std::uint8_t* in, std::int64_t rd, std::uint8_t* out, std
       const auto* src = reinterpret_cast<const std::uint64_t*>(in + b * rd);
       std::uint64_t acc = 0;
       for (std::int64_t i = 0; i < rd / 8; ++i) acc ^= src[i];
+      benchmark::DoNotOptimize(acc);  // read-only twins write nothing
       auto* dst = reinterpret_cast<std::uint64_t*>(out + b * wr);
       for (std::int64_t i = 0; i < wr / 8; ++i) dst[i] = acc + static_cast<std::uint64_t>(i);
     }
@@ -119,13 +142,13 @@ void run_stream(benchmark::State& st, Op op) {
   std::int64_t rd, wr;
   traffic(op, rd, wr);
   const int threads = static_cast<int>(st.range(0));
-  const auto* x = op.in == ms::DType::float32 ? reinterpret_cast<const std::uint8_t*>(d.f32.data())
-                                              : reinterpret_cast<const std::uint8_t*>(d.bf16.data());
+  const auto* x = op.dtype == ms::DType::float32 ? reinterpret_cast<const std::uint8_t*>(d.f32.data())
+                                                 : reinterpret_cast<const std::uint8_t*>(d.bf16.data());
   for (auto _ : st) {
-    if (op.quantize)
-      stream_pass(x, rd, d.packed.data(), wr, threads);
-    else
+    if (op.kind == Kind::dequantize)
       stream_pass(d.packed.data(), rd, d.out.data(), wr, threads);
+    else
+      stream_pass(x, rd, d.packed.data(), wr, threads);
     benchmark::ClobberMemory();
   }
   set_counters(st, op);
@@ -134,7 +157,11 @@ void run_stream(benchmark::State& st, Op op) {
 // Console output plus, at the end, each op's median next to its twin's.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
-  explicit RatioReporter(std::map<std::string, double> bytes_per_el) : bytes_per_el_(std::move(bytes_per_el)) {}
+  struct Info {
+    double bytes_per_el;
+    std::string twin;
+  };
+  explicit RatioReporter(std::map<std::string, Info> ops) : ops_(std::move(ops)) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs)
@@ -144,50 +171,66 @@ class RatioReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::Finalize();
     std::printf("\n%-32s %10s %10s %10s %7s\n", "op/threads (medians)", "Gel/s", "GB/s", "roof GB/s", "ratio");
     for (const auto& [key, op] : medians_) {
-      if (key.rfind("stream:", 0) == 0) continue;
-      const auto twin = medians_.find("stream:" + key.substr(key.find(':') + 1));
+      const std::size_t slash = key.rfind('/');
+      const auto info = ops_.find(key.substr(0, slash));
+      if (info == ops_.end()) continue;
+      const auto twin = medians_.find(info->second.twin + key.substr(slash));
       if (twin == medians_.end()) continue;
-      std::printf("%-32s %10.3f %10.2f %10.2f %6.1f%%\n", key.c_str(), op.value / 1e9,
-                  bytes_per_el(key) * op.value / 1e9, bytes_per_el(key) * twin->second.value / 1e9,
-                  100.0 * op.value / twin->second.value);
+      const double b = info->second.bytes_per_el;
+      std::printf("%-32s %10.3f %10.2f %10.2f %6.1f%%\n", key.c_str(), op.value / 1e9, b * op.value / 1e9,
+                  b * twin->second.value / 1e9, 100.0 * op.value / twin->second.value);
     }
   }
+
  private:
-  double bytes_per_el(const std::string& key) const {
-    const auto it = bytes_per_el_.find(key.substr(0, key.rfind('/')));
-    return it == bytes_per_el_.end() ? 0.0 : it->second;
-  }
-  std::map<std::string, double> bytes_per_el_;  // by op name without the thread count
+  std::map<std::string, Info> ops_;  // by op name without the thread count
   std::map<std::string, benchmark::Counter> medians_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  using ms::DType;
+  using ms::Mode;
   const Op ops[] = {
-      {"f32->nvfp4", ms::DType::float32, ms::Mode::nvfp4, true},
-      {"bf16->nvfp4", ms::DType::bfloat16, ms::Mode::nvfp4, true},
-      {"f32->mxfp4", ms::DType::float32, ms::Mode::mxfp4, true},
-      {"bf16->mxfp4", ms::DType::bfloat16, ms::Mode::mxfp4, true},
-      {"f32->mxfp8", ms::DType::float32, ms::Mode::mxfp8, true},
-      {"bf16->mxfp8", ms::DType::bfloat16, ms::Mode::mxfp8, true},
-      {"nvfp4->bf16", ms::DType::bfloat16, ms::Mode::nvfp4, false},
-      {"nvfp4->f32", ms::DType::float32, ms::Mode::nvfp4, false},
-      {"mxfp4->bf16", ms::DType::bfloat16, ms::Mode::mxfp4, false},
-      {"mxfp4->f32", ms::DType::float32, ms::Mode::mxfp4, false},
-      {"mxfp8->bf16", ms::DType::bfloat16, ms::Mode::mxfp8, false},
-      {"mxfp8->f32", ms::DType::float32, ms::Mode::mxfp8, false},
+      {"f32->nvfp4", Kind::quantize, DType::float32, Mode::nvfp4},
+      {"bf16->nvfp4", Kind::quantize, DType::bfloat16, Mode::nvfp4},
+      {"f32->mxfp4", Kind::quantize, DType::float32, Mode::mxfp4},
+      {"bf16->mxfp4", Kind::quantize, DType::bfloat16, Mode::mxfp4},
+      {"f32->mxfp8", Kind::quantize, DType::float32, Mode::mxfp8},
+      {"bf16->mxfp8", Kind::quantize, DType::bfloat16, Mode::mxfp8},
+      {"nvfp4->bf16", Kind::dequantize, DType::bfloat16, Mode::nvfp4},
+      {"nvfp4->f32", Kind::dequantize, DType::float32, Mode::nvfp4},
+      {"mxfp4->bf16", Kind::dequantize, DType::bfloat16, Mode::mxfp4},
+      {"mxfp4->f32", Kind::dequantize, DType::float32, Mode::mxfp4},
+      {"mxfp8->bf16", Kind::dequantize, DType::bfloat16, Mode::mxfp8},
+      {"mxfp8->f32", Kind::dequantize, DType::float32, Mode::mxfp8},
+      {"f32", Kind::amax, DType::float32},
+      {"bf16", Kind::amax, DType::bfloat16},
+      {"f32", Kind::find_nonfinite, DType::float32},
+      {"bf16", Kind::find_nonfinite, DType::bfloat16},
   };
-  benchmark::Initialize(&argc, argv);
-  std::map<std::string, double> bytes_per_el;
+  // Repetitions of different benchmarks interleaved at random, so load from other processes
+  // drifting during the run biases an op and its twin alike (overridable on the command line).
+  std::vector<char*> args(argv, argv + argc);
+  std::string interleave = "--benchmark_enable_random_interleaving=true";
+  args.insert(args.begin() + 1, interleave.data());
+  int nargs = static_cast<int>(args.size());
+  benchmark::Initialize(&nargs, args.data());
+  std::map<std::string, RatioReporter::Info> infos;
   for (const Op& op : ops) {
-    const std::string kind = op.quantize ? "quantize:" : "dequantize:";
     std::int64_t rd, wr;
     traffic(op, rd, wr);
-    bytes_per_el[kind + op.name] = static_cast<double>(rd + wr) / 1024.0;
+    const std::string name = std::string(kind_name(op.kind)) + op.name;
+    // amax and find_nonfinite read the same bytes: one read-only twin per dtype.
+    const bool reads = op.kind == Kind::amax || op.kind == Kind::find_nonfinite;
+    const std::string twin = std::string("stream:") + (reads ? "read-" : "") + op.name;
+    infos[name] = {static_cast<double>(rd + wr) / 1024.0, twin};
     using Fn = void (*)(benchmark::State&, Op);
-    for (const auto& [name, fn] : {std::pair<std::string, Fn>{kind + op.name, run_op}, {"stream:" + std::string(op.name), run_stream}})
-      benchmark::RegisterBenchmark(name.c_str(), fn, op)
+    std::vector<std::pair<std::string, Fn>> runs = {{name, run_op}};
+    if (op.kind != Kind::find_nonfinite) runs.emplace_back(twin, run_stream);
+    for (const auto& [n, fn] : runs)
+      benchmark::RegisterBenchmark(n.c_str(), fn, op)
           ->Arg(1)
           ->Arg(2)
           ->UseRealTime()
@@ -196,7 +239,7 @@ int main(int argc, char** argv) {
           ->Repetitions(7)
           ->ReportAggregatesOnly(true);
   }
-  RatioReporter reporter(std::move(bytes_per_el));
+  RatioReporter reporter(std::move(infos));
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 }

@@ -120,14 +120,19 @@ HWY_INLINE VI Bytes(const std::uint8_t* p) {
 HWY_INLINE VF DecodeE2M1(VI c) {
   const DF df;
   const DI di;
-  if constexpr (kN == 16) {  // one lane per code: a 16-entry table lookup
-    alignas(64) static constexpr float kTable[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  alignas(64) static constexpr float kTable[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  if constexpr (kN == 16) {  // one lane per code: a table lookup
     return hn::TableLookupLanes(hn::Load(df, kTable), hn::IndicesFromVec(df, c));
-  } else {
-    // Magnitude bits at f32 bits 22..24 times 2^126 rebias exponent 1 -> 127 (0.5 is an f32
-    // subnormal before the exact scaling); the sign moves from bit 3 to bit 31.
-    const VF mag = hn::Mul(hn::BitCast(df, hn::ShiftLeft<22>(hn::And(c, hn::Set(di, 7)))), hn::Set(df, 0x1p126f));
+  } else if constexpr (kN == 8) {  // the magnitude by table, the sign moved from bit 3 to bit 31
+    const VF mag = hn::TableLookupLanes(hn::Load(df, kTable), hn::IndicesFromVec(df, hn::And(c, hn::Set(di, 7))));
+    return hn::BitCast(df, hn::Or(hn::BitCast(di, mag), hn::ShiftLeft<28>(hn::And(c, hn::Set(di, 8)))));
+  } else {  // twice the magnitude by a byte table (lane bytes 1..3 index entry 0, which is 0)
+    alignas(16) static constexpr std::uint8_t kTwice[16] = {0, 1, 2, 3, 4, 6, 8, 12};
+    const hn::Repartition<std::uint8_t, DF> d8;
+    const VI twice = hn::BitCast(di, hn::TableLookupBytes(hn::LoadDup128(d8, kTwice),
+                                                          hn::BitCast(d8, hn::And(c, hn::Set(di, 7)))));
+    const VF mag = hn::Mul(hn::ConvertTo(df, twice), hn::Set(df, 0.5f));
     return hn::BitCast(df, hn::Or(hn::BitCast(di, mag), hn::ShiftLeft<28>(hn::And(c, hn::Set(di, 8)))));
   }
 }
@@ -140,8 +145,9 @@ constexpr float Pow2(int k) {
 
 // Codes 0..255 of a signed 8-bit minifloat with M mantissa bits and exponent bias B: the
 // magnitude shifted to f32 position times 2^(127-B) (exact; subnormals become normals).
-// E4M3: 0x7F NaN. E5M2: 0x7C Inf, above NaN. NaN decodes as the reference's +-quiet NaN.
-template <int M, int B, int kInfCode, int kNaNCode>
+// E4M3: 0x7F NaN. E5M2: 0x7C Inf, above NaN. NaN decodes as the reference's +-quiet NaN;
+// without kNaN the caller has ruled NaN codes out.
+template <int M, int B, int kInfCode, int kNaNCode, bool kNaN>
 HWY_INLINE VF DecodeMinifloat(VI c) {
   const DF df;
   const DI di;
@@ -149,11 +155,17 @@ HWY_INLINE VF DecodeMinifloat(VI c) {
   constexpr float kRebias = Pow2(127 - B);
   VI v = hn::BitCast(di, hn::Mul(hn::BitCast(df, hn::ShiftLeft<23 - M>(mag)), hn::Set(df, kRebias)));
   if constexpr (kInfCode >= 0) v = hn::IfThenElse(hn::Eq(mag, hn::Set(di, kInfCode)), hn::Set(di, 0x7F800000), v);
-  v = hn::IfThenElse(hn::Gt(mag, hn::Set(di, kNaNCode - 1)), hn::Set(di, 0x7FC00000), v);
+  if constexpr (kNaN) v = hn::IfThenElse(hn::Gt(mag, hn::Set(di, kNaNCode - 1)), hn::Set(di, 0x7FC00000), v);
   return hn::BitCast(df, hn::Or(v, hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)))));
 }
-HWY_INLINE VF DecodeE4M3(VI c) { return DecodeMinifloat<3, 7, -1, 0x7F>(c); }
-HWY_INLINE VF DecodeE5M2(VI c) { return DecodeMinifloat<2, 15, 0x7C, 0x7D>(c); }
+template <bool kNaN = true>
+HWY_INLINE VF DecodeE4M3(VI c) {
+  return DecodeMinifloat<3, 7, -1, 0x7F, kNaN>(c);
+}
+template <bool kNaN>
+HWY_INLINE VF DecodeE5M2(VI c) {
+  return DecodeMinifloat<2, 15, 0x7C, 0x7D, kNaN>(c);
+}
 
 // decode_e8m0: e << 23, 0 -> 2^-127 (subnormal), 0xFF -> NaN.
 HWY_INLINE VF DecodeE8M0(VI e) {
@@ -167,19 +179,31 @@ HWY_INLINE VF DecodeE8M0(VI e) {
 
 enum class Kind { nvfp4, mxfp4, mxfp8_e4m3, mxfp8_e5m2 };
 
-template <Kind kKind>
+template <Kind kKind, bool kNaN>
 HWY_INLINE VF DecodeElements(VI c) {
   if constexpr (kKind == Kind::mxfp8_e4m3)
-    return DecodeE4M3(c);
+    return DecodeE4M3<kNaN>(c);
   else if constexpr (kKind == Kind::mxfp8_e5m2)
-    return DecodeE5M2(c);
+    return DecodeE5M2<kNaN>(c);
   else
     return DecodeE2M1(c);
 }
 
+// Whether n bytes of mxfp8 codes hold a NaN code: with the sign dropped, adding 1 (E4M3: 0x7F)
+// or 3 (E5M2: 0x7D..0x7F) carries into bit 7 exactly for them.
+template <Kind kKind>
+HWY_INLINE bool AnyNaNCode(const std::uint8_t* p, std::size_t n) {
+  const hn::Repartition<std::int8_t, DF> d8;
+  const auto bias = hn::Set(d8, kKind == Kind::mxfp8_e4m3 ? 1 : 3);
+  auto any = hn::Zero(d8);
+  for (std::size_t i = 0; i < n; i += hn::Lanes(d8))
+    any = hn::Or(any, hn::Add(hn::And(hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(p + i)), hn::Set(d8, 0x7F)), bias));
+  return !hn::AllFalse(d8, hn::Lt(any, hn::Zero(d8)));
+}
+
 // One tile of N blocks: codes of 2N elements at a time split into even and odd ones (pairs share
-// a byte in fp4 and a 16-bit word in mxfp8), y = val(q) * factor of the pair's block. kNaN: some
-// factor is NaN or elements may be NaN; a NaN factor's block gets the factor itself (the
+// a byte in fp4 and a 16-bit word in mxfp8), y = val(q) * factor of the pair's block. kNaN: a
+// factor or an element code is NaN; a NaN factor's block gets the factor itself (the
 // reference's product: where a NaN element meets a NaN scale, which NaN an SSE multiply returns
 // depends on the compiler's operand order, and the reference gets the scale's).
 template <Kind kKind, bool kNaN, class O>
@@ -203,8 +227,8 @@ HWY_INLINE void DequantizeTile(const std::uint8_t* packed, VF factors, O* y) {
                                                                           reinterpret_cast<const std::uint16_t*>(packed + e))));
     if constexpr (std::is_same_v<O, float>) words = hn::TableLookupLanes(words, hn::IndicesFromVec(di, order));
     constexpr int kMask = kBits == 4 ? 0xF : 0xFF;
-    VF even = hn::Mul(DecodeElements<kKind>(hn::And(words, hn::Set(di, kMask))), f);
-    VF odd = hn::Mul(DecodeElements<kKind>(hn::ShiftRight<kBits>(words)), f);
+    VF even = hn::Mul(DecodeElements<kKind, kNaN>(hn::And(words, hn::Set(di, kMask))), f);
+    VF odd = hn::Mul(DecodeElements<kKind, kNaN>(hn::ShiftRight<kBits>(words)), f);
     if constexpr (kNaN) {
       const auto nan = hn::IsNaN(f);
       even = hn::IfThenElse(nan, f, even);
@@ -220,7 +244,7 @@ void FpBlocks(const std::uint8_t* packed, const std::uint8_t* scales, const Quan
               std::int64_t b1, O* y) {
   constexpr std::size_t G = kKind == Kind::nvfp4 ? 16 : 32;
   constexpr std::size_t kBlockBytes = G * (kKind == Kind::nvfp4 || kKind == Kind::mxfp4 ? 4 : 8) / 8;
-  constexpr bool kNaNElements = kKind == Kind::mxfp8_e4m3 || kKind == Kind::mxfp8_e5m2;
+  constexpr bool kFp8 = kKind == Kind::mxfp8_e4m3 || kKind == Kind::mxfp8_e5m2;
   const DF df;
   const bool three_level = kKind == Kind::nvfp4 && spec.global_scale.has_value();
   const VF amax = hn::Set(df, three_level ? *spec.global_scale : 0.0f);
@@ -247,7 +271,7 @@ void FpBlocks(const std::uint8_t* packed, const std::uint8_t* scales, const Quan
       in = in_pad;
       out = out_pad;
     }
-    if (kNaNElements || !hn::AllFalse(df, hn::IsNaN(f)))
+    if (!hn::AllFalse(df, hn::IsNaN(f)) || (kFp8 && AnyNaNCode<kKind>(in, kN * kBlockBytes)))
       DequantizeTile<kKind, true>(in, f, out);
     else
       DequantizeTile<kKind, false>(in, f, out);

@@ -124,33 +124,33 @@ HWY_INLINE void LoadPairs(const hwy::bfloat16_t* p, VF& even, VF& odd) {
 struct E2M1 {
   static constexpr int M = 1, EMIN = 0, NAN_CODE = 0x7, SIGN_BIT = 0x8, SIGN_SHIFT = 28;
   static constexpr int EMAX = 2, BITS = 4;
-  static constexpr float MAX = 6.0f;
+  static constexpr float MAX = 6.0f, ROUNDS_TO_MAX = 7.0f;  // below the tie of MAX and the next binade
   static constexpr std::uint32_t C_MAX_BITS = kC6Bits;
 };
 struct E4M3 {
   static constexpr int M = 3, EMIN = -6, NAN_CODE = 0x7F, SIGN_BIT = 0x80, SIGN_SHIFT = 24;
   static constexpr int EMAX = 8, BITS = 8;
-  static constexpr float MAX = 448.0f;
+  static constexpr float MAX = 448.0f, ROUNDS_TO_MAX = 464.0f;
   static constexpr std::uint32_t C_MAX_BITS = kC448Bits;
 };
 struct E5M2 {
   static constexpr int M = 2, EMIN = -14, NAN_CODE = 0x7F, SIGN_BIT = 0x80, SIGN_SHIFT = 24;
   static constexpr int EMAX = 15, BITS = 8;
-  static constexpr float MAX = 57344.0f;
+  static constexpr float MAX = 57344.0f, ROUNDS_TO_MAX = 61440.0f;
   static constexpr std::uint32_t C_MAX_BITS = kC57344Bits;
 };
 
 // rn_sat magnitude code of |y| given as its f32 bit pattern a. |y| is first clamped to the
-// format's max (as integers, so Inf and NaN clamp too). With E = 2^max(exponent, EMIN), adding
+// format's max (as integers, so Inf and NaN clamp too), unless the caller knows |y| < F::ROUNDS_TO_MAX. With E = 2^max(exponent, EMIN), adding
 // 2^(23-M) * E rounds |y| to M mantissa bits below E's binade (ties to even, a carry reaching the
 // next binade; below 2^EMIN the fixed subnormal step), and the sum's bits minus the addend's
 // count those steps: 2^M + m in a normal binade, m below it. The binade offset
 // (log2 E - EMIN) << M completes the code. No float result is ever subnormal (which costs
 // microcode assists on some x86 cores).
-template <class F>
+template <class F, bool kClamp = true>
 HWY_INLINE VI RoundMagnitude(VI a) {
   const DI di;
-  const VI c = hn::Min(a, hn::Set(di, std::bit_cast<std::int32_t>(F::MAX)));
+  const VI c = kClamp ? hn::Min(a, hn::Set(di, std::bit_cast<std::int32_t>(F::MAX))) : a;
   const VI e = hn::Max(hn::And(c, hn::Set(di, kInfBits)), hn::Set(di, (127 + F::EMIN) << 23));
   const VI magic = hn::Add(e, hn::Set(di, (23 - F::M) << 23));
   const VI steps = hn::Sub(hn::BitCast(di, hn::Add(hn::BitCast(DF(), c), hn::BitCast(DF(), magic))), magic);
@@ -159,21 +159,21 @@ HWY_INLINE VI RoundMagnitude(VI a) {
 
 // Element codes of y: sign copied from y; NaN (reachable under 'saturate' only: 'propagate'
 // zeroes such blocks) gets the format's NaN code without sign.
-template <class F, bool kSat>
+template <class F, bool kSat, bool kClamp>
 HWY_INLINE VI EncodeElements(VF y) {
   const DI di;
   const VI u = hn::BitCast(di, y);
   const VI a = hn::And(u, hn::Set(di, 0x7FFFFFFF));
-  const VI code = hn::OrAnd(RoundMagnitude<F>(a), hn::ShiftRight<F::SIGN_SHIFT>(u), hn::Set(di, F::SIGN_BIT));
+  const VI code = hn::OrAnd(RoundMagnitude<F, kClamp>(a), hn::ShiftRight<F::SIGN_SHIFT>(u), hn::Set(di, F::SIGN_BIT));
   if (!kSat) return code;
   return hn::IfThenElse(hn::Gt(a, hn::Set(di, kInfBits)), hn::Set(di, F::NAN_CODE), code);
 }
 
 // Codes of N element pairs (even, odd) merged per lane: one byte for 4-bit codes (even element
 // in the low nibble), two bytes for 8-bit ones.
-template <class F, bool kSat>
+template <class F, bool kSat, bool kClamp>
 HWY_INLINE VI PairCodes(VF even, VF odd) {
-  return hn::Or(EncodeElements<F, kSat>(even), hn::ShiftLeft<F::BITS>(EncodeElements<F, kSat>(odd)));
+  return hn::Or(EncodeElements<F, kSat, kClamp>(even), hn::ShiftLeft<F::BITS>(EncodeElements<F, kSat, kClamp>(odd)));
 }
 
 // Stores the lanes of four PairCodes vectors (8N elements) as packed bytes, in order: keeping
@@ -258,11 +258,9 @@ HWY_INLINE auto NonFiniteBlocks(VI bm) {
   return hn::Gt(bm, hn::Set(di, kSat ? 0x7FFFFFFF : kInfBits - 1));
 }
 
-// Pass 2 of a tile: elements times their block's factor, encoded pair by pair; blocks whose scale
-// byte is nan_scale (non-finite blocks under 'propagate') get all-zero codes instead.
-template <class F, std::size_t G, bool kSat, class T>
-HWY_INLINE void EncodeTile(const T* x, const float* factor, const std::uint8_t* scales, std::uint8_t nan_scale,
-                           bool any_bad, std::uint8_t* packed) {
+// Elements of a tile times their block's factor, encoded pair by pair.
+template <class F, std::size_t G, bool kSat, bool kClamp, class T>
+HWY_INLINE void EncodePairs(const T* x, const float* factor, std::uint8_t* packed) {
   static_assert(2 * kN <= 2 * G && G % 8 == 0, "a pair spans at most two blocks; tiles hold whole quads");
   const DF df;
   for (std::size_t q = 0; q < kN * G; q += 8 * kN) {
@@ -278,10 +276,27 @@ HWY_INLINE void EncodeTile(const T* x, const float* factor, const std::uint8_t* 
       }
       VF even, odd;
       LoadPairs(x + e, even, odd);
-      codes[j] = PairCodes<F, kSat>(hn::Mul(even, f), hn::Mul(odd, f));
+      codes[j] = PairCodes<F, kSat, kClamp>(hn::Mul(even, f), hn::Mul(odd, f));
     }
     StoreQuad<F>(codes, packed + q * F::BITS / 8);
   }
+}
+
+// Pass 2 of a tile, factor[b] = 1/scale of block b with maxima bm: the clamp to the format's max
+// is only needed when some fl(bamax * factor) may round past it (saturating scales, clipping
+// rules, Inf/NaN). Blocks whose scale byte is nan_scale (non-finite blocks under 'propagate')
+// get all-zero codes instead.
+template <class F, std::size_t G, bool kSat, class T>
+HWY_INLINE void EncodeTile(const T* x, VF factors, VI bm, const std::uint8_t* scales, std::uint8_t nan_scale,
+                           bool any_bad, std::uint8_t* packed) {
+  const DF df;
+  alignas(64) float factor[kN];
+  hn::Store(factors, df, factor);
+  const VF ymax = hn::Mul(hn::BitCast(df, bm), factors);  // NaN for NaN blocks: no clamp needed there
+  if (hn::AllFalse(df, hn::Ge(ymax, hn::Set(df, F::ROUNDS_TO_MAX))))
+    EncodePairs<F, G, kSat, false>(x, factor, packed);
+  else
+    EncodePairs<F, G, kSat, true>(x, factor, packed);
   if (!any_bad) return;
   constexpr std::size_t kBlockBytes = G * F::BITS / 8;
   for (std::size_t b = 0; b < kN; ++b)
@@ -315,12 +330,11 @@ HWY_INLINE void Nvfp4Tile(const T* x, const Nvfp4& p, std::uint8_t* packed, std:
   VI s = RoundMagnitude<E4M3>(hn::BitCast(di, t));
   // val(s): the code's bits at f32 mantissa/exponent position times 2^120 (exact, subnormals too).
   const VF sf = hn::Mul(hn::BitCast(df, hn::ShiftLeft<20>(s)), hn::Set(df, 0x1p120f));
-  alignas(64) float enc[kN];
-  hn::Store(hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, p.s_dec))), hn::Set(df, kFltMax)), df, enc);
+  const VF enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, p.s_dec))), hn::Set(df, kFltMax));
   const auto bad = NonFiniteBlocks<kSat>(bm);
   s = hn::IfThenElse(bad, hn::Set(di, 0x7F), s);
   StoreBytes(s, scales);
-  EncodeTile<E2M1, 16, kSat>(x, enc, scales, 0x7F, !hn::AllFalse(di, bad), packed);
+  EncodeTile<E2M1, 16, kSat>(x, enc, bm, scales, 0x7F, !hn::AllFalse(di, bad), packed);
 }
 
 // ---- mxfp4 / mxfp8 (FORMATS.md 2.2) ----
@@ -374,12 +388,10 @@ HWY_INLINE void MxTile(const T* x, ScaleRule rule, DType src, std::uint8_t* pack
   // 2^(127-e) from bits: (254-e) << 23, and the subnormal 2^-127 for e = 254.
   const VI r = hn::IfThenElse(hn::Eq(e, hn::Set(di, 254)), hn::Set(di, 0x400000),
                               hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 254), e)));
-  alignas(64) float rcp[kN];
-  hn::Store(hn::BitCast(DF(), r), DF(), rcp);
   const auto bad = NonFiniteBlocks<kSat>(bm);
   e = hn::IfThenElse(bad, hn::Set(di, 0xFF), e);
   StoreBytes(e, scales);
-  EncodeTile<F, 32, kSat>(x, rcp, scales, 0xFF, !hn::AllFalse(di, bad), packed);
+  EncodeTile<F, 32, kSat>(x, hn::BitCast(DF(), r), bm, scales, 0xFF, !hn::AllFalse(di, bad), packed);
 }
 
 // Runs tile(x, packed, scales) over blocks [b0, b1); the last partial tile goes through a

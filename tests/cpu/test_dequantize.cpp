@@ -64,7 +64,7 @@ QuantSpec fp_spec(Mode m, Elem e = Elem::e4m3, std::optional<float> global = std
 
 // The nvfp4 and mx specs, three-level nvfp4 with amaxes that keep, overflow and underflow the
 // decode factor.
-std::vector<QuantSpec> fp_specs() {
+std::vector<QuantSpec> dequant_specs() {
   std::vector<QuantSpec> out = {fp_spec(Mode::nvfp4), fp_spec(Mode::mxfp4), fp_spec(Mode::mxfp8, Elem::e4m3),
                                 fp_spec(Mode::mxfp8, Elem::e5m2)};
   for (const float g : {1.0f, 2688.0f, 18.25f, 0.0f, 1e-37f, kFltMax}) out.push_back(fp_spec(Mode::nvfp4, Elem::e4m3, g));
@@ -74,7 +74,7 @@ std::vector<QuantSpec> fp_specs() {
 // Every scale byte against every element code: block i has scale i % 256 and its elements cycle
 // through all codes.
 TEST(CpuDequantize, EveryScaleAndElementCode) {
-  for (const QuantSpec& s : fp_specs()) {
+  for (const QuantSpec& s : dequant_specs()) {
     Quantized q{0, 0, s};
     const int codes = s.bits == 4 ? 16 : 256;
     const int blocks_per_scale = std::max(1, codes / s.group_size);
@@ -97,7 +97,7 @@ TEST(CpuDequantize, EveryScaleAndElementCode) {
 
 TEST(CpuDequantize, RandomCodes) {
   std::mt19937_64 rng(3);
-  for (const QuantSpec& s : fp_specs())
+  for (const QuantSpec& s : dequant_specs())
     for (const std::int64_t rows : {1, 3, 129})
       for (const std::int64_t K : {32, 96, 4096}) {
         Quantized q{rows, K, s};
@@ -108,6 +108,26 @@ TEST(CpuDequantize, RandomCodes) {
         for (auto& b : q.scales)
           b = static_cast<std::uint8_t>(rng() % 4 == 0 ? rng() : s.mode == Mode::nvfp4 ? rng() % 0x7F : 100 + rng() % 50);
         expect_matches(q, "random");
+      }
+}
+
+// Codes and scales of quantized corner-case data (mostly tiles without NaN codes, which take
+// their own path), with and without NaN/Inf blocks.
+TEST(CpuDequantize, QuantizedData) {
+  std::uint64_t seed = 31;
+  for (const std::int64_t rows : {1, 3, 129})
+    for (const std::int64_t K : {32, 96, 4096})
+      for (const bool nonfinite : {false, true}) {
+        const Input in = make_input(corner_data(static_cast<std::size_t>(rows * K), 16, DType::float32, nonfinite,
+                                                seed++), DType::float32);
+        for (const NamedSpec& ns : cputest::fp_specs(K, NonFinite::propagate, global_scales_for(in.f32))) {
+          Quantized q{rows, K, ns.spec};
+          q.packed.resize(static_cast<std::size_t>(rows * K * ns.spec.bits / 8));
+          q.scales.resize(static_cast<std::size_t>(rows * (K / ns.spec.group_size)));
+          ref::quantize(in.f32.data(), rows, K, DType::float32, ns.spec, q.packed.data(),
+                        reinterpret_cast<std::byte*>(q.scales.data()), nullptr);
+          expect_matches(q, ns.name);
+        }
       }
 }
 
