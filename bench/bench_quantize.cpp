@@ -1,14 +1,14 @@
-// Quantize/dequantize kernel throughput on a 14336 x 4096 matrix (FORMATS.md section 10), each
-// op next to a STREAM-like twin that reads and writes the same bytes in the same buffers with
-// the same threads, so an op's fraction of the memory roof comes from one run. At the end the
-// medians are printed side by side.
+// CPU quantize, dequantize, amax_finite and find_nonfinite throughput on a 14336 x 4096 matrix
+// (FORMATS.md section 10), each op next to a STREAM-like twin that reads and writes the same
+// bytes in the same buffers with the same threads, so an op's fraction of the memory roof comes
+// from one run; repetitions are interleaved at random. At the end the medians are printed side
+// by side (G elements/s, GB/s of the op and of its twin, ratio).
 //
 //   microscale_bench_quantize [--benchmark_filter=...]    (threads: the last name component, 1 or 2)
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <random>
 #include <string>

@@ -1,9 +1,10 @@
 // Dequantize kernels: Highway runtime dispatch per SIMD target, blocks split across threads.
 //
 // Bit-identical to reference::dequantize: element values are decoded exactly from their bits
-// (E2M1 by a lane table or bit arithmetic, E4M3/E5M2/E8M0 by shifting the code into f32
-// position), each output is the reference's single product (affine: product, then sum), and the
-// rounding to bf16/f16 is the codecs' integer RNE, NaN -> quiet NaN, overflow -> Inf.
+// (E2M1 by table, E4M3/E5M2/E8M0 by shifting the code into f32 position), each output is the
+// reference's single product (affine: product, then sum), and the rounding to bf16/f16 is the
+// codecs' integer RNE, NaN -> quiet NaN, overflow -> Inf. Codes are handled by element pairs
+// (one fp4 byte, one mxfp8 16-bit word), which 16-bit outputs store as one 32-bit word.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/dequantize.cpp"
