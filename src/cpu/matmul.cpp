@@ -121,9 +121,11 @@ void GemvRowsGeneric(const float* x, std::int64_t M, const QuantizedMatrix& w, s
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// 16-lane fast path for nvfp4 / mxfp4. Per 32 weights (16 bytes), the low nibbles (even k) and
-// high nibbles (odd k) index a 16-entry float table directly (vpermps), against x deinterleaved
-// once per call into [16 even | 16 odd] per 32 values. Scale factors for 16 groups are decoded
+// 16-lane fast path for nvfp4 / mxfp4 (raw AVX-512: vpermps reading only the low 4 bits of an
+// index is what makes the decode cheap, and Highway's table lookups require in-range indices).
+// E2M1 codes index a 16-entry float table directly, against x rearranged once per call to match
+// the order the codes arrive in. Zen 4 runs a 512-bit vpermps at about one per 1.5 cycles, so
+// the layout is chosen to need no other shuffle per code. Scale factors for 16 groups are decoded
 // in one vector and spread to the lanes of their group by a table lookup.
 
 HWY_ALIGN constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -161,76 +163,98 @@ bool GemvFp4Fast(const QuantizedMatrix& w) {
   return (w.spec.mode == Mode::nvfp4 || w.spec.mode == Mode::mxfp4) && w.cols % 32 == 0;
 }
 
-// One 32-value chunk c of every row of x against the decoded weights: acc[m] += f * (xe*we + xo*wo).
-template <int kM>
-HWY_INLINE void Fp4Chunk(const float* xd, std::int64_t K, std::int64_t c, hn::Vec<DF> even, hn::Vec<DF> odd,
-                         hn::Vec<DF> f, hn::Vec<DF>* acc) {
-  const DF df;
-  for (int m = 0; m < kM; ++m) {
-    const float* xc = xd + m * K + c * 32;
-    auto t = hn::Mul(hn::Load(df, xc), even);
-    t = hn::MulAdd(hn::Load(df, xc + 16), odd, t);
-    acc[m] = hn::MulAdd(t, f, acc[m]);
-  }
+// Where x[k] goes in the deinterleaved copy, given the row's 128-value blocks end at k128.
+//  - Inside a 128-value block, 64 code bytes load as 16 dwords with no shuffle: dword l holds the
+//    8 codes of k = 8l .. 8l+7, and shifting it right by 4j leaves code 8l+j in its low 4 bits,
+//    which is all vpermps reads. So x goes to [j][l] = x[8l + j].
+//  - The remaining 32-value chunks load 16 bytes widened to dwords: low nibbles are even k, high
+//    nibbles odd k, so x goes to [x0 x2 .. x30 | x1 x3 .. x31].
+inline std::int64_t DeinterleavedIndex(std::int64_t k, std::int64_t k128) {
+  if (k < k128) return k / 128 * 128 + (k % 8) * 16 + (k % 128) / 8;
+  return k / 32 * 32 + (k % 2) * 16 + (k % 32) / 2;
 }
 
+// Lane -> group of a 128-value block within the 16 groups whose factors are in one vector:
+// nvfp4 (16 per group) blocks b = 0, 1 use groups 8b + l/2; mx (32 per group) blocks b = 0..3
+// use groups 4b + l/4.
+struct SpreadTables {
+  HWY_ALIGN std::uint32_t nvfp4[2][16];
+  HWY_ALIGN std::uint32_t mx[4][16];
+  HWY_ALIGN std::uint32_t nvfp4_chunk[8][16];  // 32-value chunks: groups 2j (lanes 0-7), 2j+1
+};
+constexpr SpreadTables MakeSpreadTables() {
+  SpreadTables t{};
+  for (std::uint32_t l = 0; l < 16; ++l) {
+    for (std::uint32_t b = 0; b < 2; ++b) t.nvfp4[b][l] = 8 * b + l / 2;
+    for (std::uint32_t b = 0; b < 4; ++b) t.mx[b][l] = 4 * b + l / 4;
+    for (std::uint32_t j = 0; j < 8; ++j) t.nvfp4_chunk[j][l] = 2 * j + l / 8;
+  }
+  return t;
+}
+constexpr SpreadTables kSpread = MakeSpreadTables();
+
+// Float32 factors of groups [g, g + 16) of a row, zero-padded past its last group.
+HWY_INLINE __m512 RowFactors(const std::uint8_t* row_codes, std::int64_t groups, std::int64_t g, const QuantSpec& s) {
+  if (groups - g >= 16) return ScaleFactors16(row_codes + g, s).raw;
+  HWY_ALIGN std::uint8_t tail[16] = {};
+  std::memcpy(tail, row_codes + g, static_cast<std::size_t>(groups - g));
+  return ScaleFactors16(tail, s).raw;
+}
+
+// Rows [n0, n1) of an nvfp4 / mxfp4 W against kM rows of x laid out by DeinterleavedIndex. Per
+// block, t = sum of x times E2M1 values, then acc += t * (factor of each lane's group).
 template <int kM>
 void GemvRowsFp4(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1, const float* bias,
                  float* y) {
-  const DF df;
-  const DU du;
-  const hn::Rebind<std::uint8_t, DF> du8;
   const std::int64_t K = w.cols, N = w.rows;
   const bool nv = w.spec.mode == Mode::nvfp4;
-  const std::int64_t groups = K / w.spec.group_size;
-  const std::int64_t chunks = K / 32;
-  const std::int64_t chunks_per_scales = nv ? 8 : 16;  // 32-value chunks covered by 16 groups
-  const auto table = hn::Load(df, kE2M1Values);
-  const auto low4 = hn::Set(du, 15);
-  // Lane spread of the 16 factors: nvfp4 chunk j uses groups 2j (lanes 0-7) and 2j+1 (8-15);
-  // mx chunk j uses group j in every lane.
-  HWY_ALIGN std::uint32_t spread[16][16];
-  for (std::uint32_t j = 0; j < 16; ++j)
-    for (std::uint32_t l = 0; l < 16; ++l) spread[j][l] = nv ? 2 * (j % 8) + l / 8 : j;
-  auto decode = [&](const std::uint8_t* p, std::int64_t c, hn::Vec<DF>& even, hn::Vec<DF>& odd) {
-    const auto bytes = hn::PromoteTo(du, hn::LoadU(du8, p + c * 16));
-    even = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hn::And(bytes, low4)));
-    odd = hn::TableLookupLanes(table, hn::IndicesFromVec(df, hn::ShiftRight<4>(bytes)));
-  };
-
+  const std::int64_t group = w.spec.group_size;
+  const std::int64_t groups = K / group;
+  const std::int64_t blocks = K / 128;
+  const std::int64_t blocks_per_factors = nv ? 2 : 4;  // 128-value blocks covered by 16 groups
+  const std::uint32_t(*spread)[16] = nv ? kSpread.nvfp4 : kSpread.mx;
+  const __m512 table = _mm512_load_ps(kE2M1Values);
   for (std::int64_t n = n0; n < n1; ++n) {
     const std::uint8_t* p = w.packed + n * (K / 2);
     const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;
-    // Even and odd chunks accumulate separately to halve the FMA dependency chain.
-    hn::Vec<DF> acc0[kM], acc1[kM];
-    for (int m = 0; m < kM; ++m) acc0[m] = acc1[m] = hn::Zero(df);
-    for (std::int64_t c0 = 0; c0 < chunks; c0 += chunks_per_scales) {
-      const std::int64_t group0 = c0 * 32 / w.spec.group_size;
-      HWY_ALIGN std::uint8_t tail[16] = {};  // the row's last codes, zero-padded to 16
-      const std::uint8_t* codes = sc + group0;
-      if (groups - group0 < 16) {
-        std::memcpy(tail, codes, static_cast<std::size_t>(groups - group0));
-        codes = tail;
-      }
-      const auto factors = ScaleFactors16(codes, w.spec);
-      const std::int64_t c1 = std::min(chunks, c0 + chunks_per_scales);
-      std::int64_t c = c0;
-      for (; c + 2 <= c1; c += 2) {
-        hn::Vec<DF> e0, o0, e1, o1;
-        decode(p, c, e0, o0);
-        decode(p, c + 1, e1, o1);
-        Fp4Chunk<kM>(xd, K, c, e0, o0, hn::TableLookupLanes(factors, hn::SetTableIndices(df, spread[c - c0])), acc0);
-        Fp4Chunk<kM>(xd, K, c + 1, e1, o1, hn::TableLookupLanes(factors, hn::SetTableIndices(df, spread[c + 1 - c0])),
-                     acc1);
-      }
-      if (c < c1) {
-        hn::Vec<DF> e0, o0;
-        decode(p, c, e0, o0);
-        Fp4Chunk<kM>(xd, K, c, e0, o0, hn::TableLookupLanes(factors, hn::SetTableIndices(df, spread[c - c0])), acc0);
+    __m512 acc[kM];
+    for (int m = 0; m < kM; ++m) acc[m] = _mm512_setzero_ps();
+    __m512 factors = _mm512_setzero_ps();
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t within = b % blocks_per_factors;
+      if (within == 0) factors = RowFactors(sc, groups, b * 128 / group, w.spec);
+      const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[within]), factors);
+      const __m512i codes = _mm512_loadu_si512(p + b * 64);
+      __m512 t[kM];
+      for (int m = 0; m < kM; ++m) t[m] = _mm512_mul_ps(_mm512_load_ps(xd + m * K + b * 128), _mm512_permutexvar_ps(codes, table));
+      auto step = [&](auto j) HWY_ATTR {
+        const __m512 v = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4 * decltype(j)::value), table);
+        for (int m = 0; m < kM; ++m)
+          t[m] = _mm512_fmadd_ps(_mm512_load_ps(xd + m * K + b * 128 + 16 * decltype(j)::value), v, t[m]);
+      };
+      step(std::integral_constant<int, 1>{}), step(std::integral_constant<int, 2>{});
+      step(std::integral_constant<int, 3>{}), step(std::integral_constant<int, 4>{});
+      step(std::integral_constant<int, 5>{}), step(std::integral_constant<int, 6>{});
+      step(std::integral_constant<int, 7>{});
+      for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(t[m], f, acc[m]);
+    }
+    // Leftover 32-value chunks (K not a multiple of 128).
+    for (std::int64_t c = blocks * 4; c < K / 32; ++c) {
+      const std::int64_t g = c * 32 / group;
+      const __m512 chunk_factors = RowFactors(sc, groups, g, w.spec);
+      const __m512 f = nv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk[0]), chunk_factors)
+                          : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 16)));
+      const __m512 even = _mm512_permutexvar_ps(bytes, table);
+      const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+      for (int m = 0; m < kM; ++m) {
+        const __m512 t = _mm512_fmadd_ps(_mm512_load_ps(xd + m * K + c * 32 + 16), odd,
+                                         _mm512_mul_ps(_mm512_load_ps(xd + m * K + c * 32), even));
+        acc[m] = _mm512_fmadd_ps(t, f, acc[m]);
       }
     }
     for (int m = 0; m < kM; ++m) {
-      const float v = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0[m], acc1[m])));
+      const float v = _mm512_reduce_add_ps(acc[m]);
       y[m * N + n] = bias ? v + bias[n] : v;
     }
   }
@@ -242,11 +266,10 @@ void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const float*
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (GemvFp4Fast(w)) {
     const std::int64_t K = w.cols;
-    // x deinterleaved per 32 values: [x0 x2 .. x30 | x1 x3 .. x31].
     auto xd = hwy::AllocateAligned<float>(static_cast<std::size_t>(M * K));
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t k = 0; k < K; ++k)
-        xd[static_cast<std::size_t>(m * K + (k / 32) * 32 + (k % 2) * 16 + (k % 32) / 2)] = x[m * K + k];
+        xd[static_cast<std::size_t>(m * K + DeinterleavedIndex(k, K / 128 * 128))] = x[m * K + k];
     parallel_for(N, 64, [&](std::int64_t n0, std::int64_t n1) {
       switch (M) {
         case 1: return GemvRowsFp4<1>(xd.get(), w, n0, n1, bias, y);

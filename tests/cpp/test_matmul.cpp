@@ -108,6 +108,53 @@ TEST(QuantizedMatmul, EveryModeBothOrientationsMatchesFloat64) {
   }
 }
 
+// The fp4 GEMV (M <= 4) decodes K in 128-value blocks and then 32-value leftovers: every mix of
+// the two, rows of x 1..4, an odd N for the thread split, and groups scaled across the whole
+// float32 range (mx scales down to 2^-127 make subnormal weights) or zero.
+TEST(QuantizedMatmul, Fp4GemvBlocksLeftoversAndScaleRange) {
+  for (Mode mode : {Mode::nvfp4, Mode::mxfp4}) {
+    for (bool global : {false, true}) {
+      if (mode == Mode::mxfp4 && global) continue;
+      for (std::int64_t K : {32, 128, 224, 544}) {
+        const std::int64_t N = 37;
+        auto w = randn(N * K, 21, 0.05f);
+        for (std::int64_t n = 0; n < N; ++n) {  // row n's groups at 2^(-140 .. +100) or 0
+          const int e = -140 + static_cast<int>((n * 7) % 241);
+          for (std::int64_t k = 0; k < 32; ++k) w[n * K + (k + n * 32) % K] *= n % 5 == 4 ? 0.0f : std::ldexp(1.0f, e);
+        }
+        QuantSpec s = spec_for(mode);
+        if (global) s.global_scale = ms::global_scale(f32(w, {N, K}));
+        const auto q = ms::quantize(f32(w, {N, K}), s);
+        const auto wd = values(ms::dequantize(q, DType::float32));
+        for (std::int64_t M = 1; M <= 4; ++M) {
+          const auto x = randn(M * K, 22);
+          SCOPED_TRACE(std::string(ms::name(mode)) + (global ? " global" : "") + " K=" + std::to_string(K) +
+                       " M=" + std::to_string(M));
+          expect_close(values(ms::quantized_matmul(f32(x, {M, K}), q, true)), oracle(x, wd, M, N, K, true));
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantizedMatmul, Fp4GemvPropagatesNanScales) {
+  for (Mode mode : {Mode::nvfp4, Mode::mxfp4}) {
+    const std::int64_t N = 3, K = 160;
+    auto q = ms::quantize(f32(randn(N * K, 23), {N, K}), spec_for(mode));
+    // Row 1, group 1 (inside the first 128-value block) and row 2's last group (a leftover chunk).
+    const std::int64_t groups = K / q.spec.group_size;
+    auto* codes = q.scales.data<std::uint8_t>();
+    const std::uint8_t nan = mode == Mode::nvfp4 ? 0x7F : 0xFF;
+    codes[1 * groups + 1] = nan;
+    codes[2 * groups + groups - 1] = nan;
+    const auto y = values(ms::quantized_matmul(f32(randn(K, 24), {1, K}), q, true));
+    SCOPED_TRACE(ms::name(mode));
+    EXPECT_FALSE(std::isnan(y[0]));
+    EXPECT_TRUE(std::isnan(y[1]));
+    EXPECT_TRUE(std::isnan(y[2]));
+  }
+}
+
 TEST(QuantizedMatmul, BatchBroadcastAgainstWeightBatch) {
   const std::int64_t B = 3, M = 2, N = 16, K = 64;
   const auto x = randn(2 * 1 * M * K, 3), w = randn(B * N * K, 4);
