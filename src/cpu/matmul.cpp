@@ -223,21 +223,31 @@ void GemvRowsFp4(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std
     __m512 factors = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t within = b % blocks_per_factors;
-      if (within == 0) factors = RowFactors(sc, groups, b * 128 / group, w.spec);
+      if (within == 0) {
+        factors = RowFactors(sc, groups, b * 128 / group, w.spec);
+        _mm_prefetch(reinterpret_cast<const char*>(sc + b * 128 / group + 512), _MM_HINT_T0);
+      }
       const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[within]), factors);
+      // Software prefetch a few KB ahead: one core's hardware prefetch alone left the DRAM
+      // stream short of the two-thread bandwidth.
+      _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T0);
       const __m512i codes = _mm512_loadu_si512(p + b * 64);
-      __m512 t[kM];
-      for (int m = 0; m < kM; ++m) t[m] = _mm512_mul_ps(_mm512_load_ps(xd + m * K + b * 128), _mm512_permutexvar_ps(codes, table));
+      // Two partial sums per row of x halve the FMA dependency chain of a block.
+      __m512 t0[kM], t1[kM];
       auto step = [&](auto j) HWY_ATTR {
-        const __m512 v = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4 * decltype(j)::value), table);
-        for (int m = 0; m < kM; ++m)
-          t[m] = _mm512_fmadd_ps(_mm512_load_ps(xd + m * K + b * 128 + 16 * decltype(j)::value), v, t[m]);
+        constexpr int kJ = decltype(j)::value;
+        const __m512 v = _mm512_permutexvar_ps(kJ ? _mm512_srli_epi32(codes, 4 * kJ) : codes, table);
+        for (int m = 0; m < kM; ++m) {
+          const __m512 xj = _mm512_load_ps(xd + m * K + b * 128 + 16 * kJ);
+          __m512& t = kJ % 2 ? t1[m] : t0[m];
+          t = kJ < 2 ? _mm512_mul_ps(xj, v) : _mm512_fmadd_ps(xj, v, t);
+        }
       };
-      step(std::integral_constant<int, 1>{}), step(std::integral_constant<int, 2>{});
-      step(std::integral_constant<int, 3>{}), step(std::integral_constant<int, 4>{});
-      step(std::integral_constant<int, 5>{}), step(std::integral_constant<int, 6>{});
-      step(std::integral_constant<int, 7>{});
-      for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(t[m], f, acc[m]);
+      step(std::integral_constant<int, 0>{}), step(std::integral_constant<int, 1>{});
+      step(std::integral_constant<int, 2>{}), step(std::integral_constant<int, 3>{});
+      step(std::integral_constant<int, 4>{}), step(std::integral_constant<int, 5>{});
+      step(std::integral_constant<int, 6>{}), step(std::integral_constant<int, 7>{});
+      for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(_mm512_add_ps(t0[m], t1[m]), f, acc[m]);
     }
     // Leftover 32-value chunks (K not a multiple of 128).
     for (std::int64_t c = blocks * 4; c < K / 32; ++c) {
