@@ -303,14 +303,26 @@ void AffineGroups(const std::uint8_t* packed, const std::byte* scales, const std
   const int bits = spec.bits;
   const std::size_t ss = dtype_size(sdt);
   const VI order = PairOrder<O>();
+  const bool whole_bytes = bits == 4 || bits == 8;  // pairs of codes fill a byte or a word
   alignas(64) std::int32_t codes[128];
   for (std::int64_t g = g0; g < g1; ++g) {
-    UnpackBits(packed + static_cast<std::size_t>(g * gs * bits / 8), gs, bits, codes);
+    const std::uint8_t* in = packed + static_cast<std::size_t>(g * gs * bits / 8);
+    if (!whole_bytes) UnpackBits(in, gs, bits, codes);
     const VF s = hn::Set(df, detail::load_f32(scales + static_cast<std::size_t>(g) * ss, sdt));
     const VF b = hn::Set(df, detail::load_f32(biases + static_cast<std::size_t>(g) * ss, sdt));
     for (int i = 0; i < gs; i += 2 * static_cast<int>(kN)) {
-      const VI lo = hn::Load(di, codes + i), hi = hn::Load(di, codes + i + kN);
-      VI even = hn::ConcatEven(di, hi, lo), odd = hn::ConcatOdd(di, hi, lo);
+      VI even, odd;
+      if (whole_bytes) {
+        const VI pairs = hn::BitCast(
+            di, bits == 4 ? hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint8_t, DF>(), in + i / 2))
+                          : hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint16_t, DF>(),
+                                                          reinterpret_cast<const std::uint16_t*>(in + i))));
+        even = hn::And(pairs, hn::Set(di, (1 << bits) - 1));
+        odd = bits == 4 ? hn::ShiftRight<4>(pairs) : hn::ShiftRight<8>(pairs);
+      } else {
+        const VI lo = hn::Load(di, codes + i), hi = hn::Load(di, codes + i + kN);
+        even = hn::ConcatEven(di, hi, lo), odd = hn::ConcatOdd(di, hi, lo);
+      }
       if constexpr (std::is_same_v<O, float>) {
         even = hn::TableLookupLanes(even, hn::IndicesFromVec(di, order));
         odd = hn::TableLookupLanes(odd, hn::IndicesFromVec(di, order));
@@ -361,13 +373,19 @@ namespace microscale::cpu {
 
 HWY_EXPORT(DequantizeBlocks);
 
+void dequantize_blocks(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases,
+                       DType scale_dtype, const QuantSpec& spec, DType out, std::int64_t b0, std::int64_t b1,
+                       std::byte* y) {
+  HWY_DYNAMIC_DISPATCH(DequantizeBlocks)(packed, scales, biases, scale_dtype, spec, out, b0, b1, y);
+}
+
 void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases, DType scale_dtype,
                 std::int64_t rows, std::int64_t K, const QuantSpec& spec, DType out, std::byte* y) {
   const std::int64_t blocks = rows * (K / spec.group_size);
   // ~16K values per chunk, a multiple of every target's tile of 16 blocks.
   const std::int64_t grain = std::max<std::int64_t>(16, 16384 / spec.group_size / 16 * 16);
   parallel_for(blocks, grain, [&](std::int64_t b0, std::int64_t b1) {
-    HWY_DYNAMIC_DISPATCH(DequantizeBlocks)(packed, scales, biases, scale_dtype, spec, out, b0, b1, y);
+    dequantize_blocks(packed, scales, biases, scale_dtype, spec, out, b0, b1, y);
   });
 }
 

@@ -17,6 +17,10 @@ void quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const
               std::uint8_t* packed, std::byte* scales, std::byte* biases);
 void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases, DType scale_dtype,
                 std::int64_t rows, std::int64_t K, const QuantSpec& spec, DType out, std::byte* y);
+// Blocks [b0, b1) of dequantize on the calling thread, as flat indices over rows x K/group.
+void dequantize_blocks(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases,
+                       DType scale_dtype, const QuantSpec& spec, DType out, std::int64_t b0, std::int64_t b1,
+                       std::byte* y);
 // max |x_i| over finite values (0 if none).
 float amax_finite(const void* x, DType src, std::int64_t n);
 // Flat index of the first NaN or Inf, or -1.

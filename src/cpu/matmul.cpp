@@ -13,11 +13,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/convert.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/parallel.hpp"
 #include "microscale/codecs.hpp"
-#include "reference/reference.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
@@ -26,61 +24,15 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using DU = hn::RebindToUnsigned<DF>;
 
-// Exact dequantized values of W[r, c0 : c0+n) (c0 and n multiples of the group) into out: the
-// same float32 operations as reference::dequantize, with the per-element mode switch hoisted.
+// Exact dequantized values of W[r, c0 : c0+n) (c0 and n multiples of the group) into out,
+// through the SIMD dequantize (bit-identical to the reference).
 void DecodeRow(const QuantizedMatrix& w, std::int64_t r, std::int64_t c0, std::int64_t n, float* out) {
-  const QuantSpec& s = w.spec;
-  const std::int64_t g = s.group_size;
-  const std::int64_t first_group = r * (w.cols / g) + c0 / g;
-  const std::uint8_t* p = w.packed + (r * w.cols + c0) * s.bits / 8;
-  const auto* codes = reinterpret_cast<const std::uint8_t*>(w.scales) + first_group;
-  if (s.mode == Mode::affine && s.bits != 4 && s.bits != 8) {  // bit streams straddling bytes
-    const std::size_t ss = dtype_size(w.scale_dtype);
-    reference::dequantize(p, w.scales + static_cast<std::size_t>(first_group) * ss,
-                          w.biases + static_cast<std::size_t>(first_group) * ss, w.scale_dtype, 1, n, s, DType::float32,
-                          reinterpret_cast<std::byte*>(out));
-    return;
-  }
-  const float c2688 = f32_from_bits(kC2688Bits);
-  for (std::int64_t j = 0; j < n / g; ++j, out += g) {
-    switch (s.mode) {
-      case Mode::nvfp4:
-      case Mode::mxfp4: {
-        float f = s.mode == Mode::mxfp4 ? decode_e8m0(codes[j]) : decode_e4m3(codes[j]);
-        if (s.mode == Mode::nvfp4 && s.global_scale) f = (f * *s.global_scale) * c2688;
-        const std::uint8_t* b = p + j * g / 2;
-        for (std::int64_t i = 0; i < g / 2; ++i) {
-          out[2 * i] = decode_e2m1(b[i] & 0xF) * f;
-          out[2 * i + 1] = decode_e2m1(static_cast<std::uint8_t>(b[i] >> 4)) * f;
-        }
-        break;
-      }
-      case Mode::mxfp8: {
-        const float f = decode_e8m0(codes[j]);
-        const std::uint8_t* b = p + j * g;
-        if (s.elem == Elem::e5m2)
-          for (std::int64_t i = 0; i < g; ++i) out[i] = decode_e5m2(b[i]) * f;
-        else
-          for (std::int64_t i = 0; i < g; ++i) out[i] = decode_e4m3(b[i]) * f;
-        break;
-      }
-      case Mode::affine: {
-        const std::size_t ss = dtype_size(w.scale_dtype);
-        const std::size_t at = static_cast<std::size_t>(first_group + j) * ss;
-        const float sc = detail::load_f32(w.scales + at, w.scale_dtype);
-        const float bi = detail::load_f32(w.biases + at, w.scale_dtype);
-        const std::uint8_t* b = p + j * g * s.bits / 8;
-        if (s.bits == 8)
-          for (std::int64_t i = 0; i < g; ++i) out[i] = static_cast<float>(b[i]) * sc + bi;
-        else
-          for (std::int64_t i = 0; i < g / 2; ++i) {
-            out[2 * i] = static_cast<float>(b[i] & 0xF) * sc + bi;
-            out[2 * i + 1] = static_cast<float>(b[i] >> 4) * sc + bi;
-          }
-        break;
-      }
-    }
-  }
+  const std::int64_t g = w.spec.group_size;
+  const std::int64_t first = r * (w.cols / g) + c0 / g;
+  const std::size_t ss = dtype_size(w.scale_dtype);
+  dequantize_blocks(w.packed + first * g * w.spec.bits / 8, w.scales + static_cast<std::size_t>(first) * ss,
+                    w.biases ? w.biases + static_cast<std::size_t>(first) * ss : nullptr, w.scale_dtype, w.spec,
+                    DType::float32, 0, n / g, reinterpret_cast<std::byte*>(out));
 }
 
 // ---------------------------------------------------------------------------------------------
