@@ -84,32 +84,29 @@ void GemvRowsGeneric(const float* x, std::int64_t M, const QuantizedMatrix& w, s
 HWY_ALIGN constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-// Float32 scale factors of 16 consecutive groups from their code bytes (E4M3 for nvfp4, times
-// the three-level factor exactly as dequantize forms it; E8M0 for mx).
-HWY_INLINE hn::Vec<DF> ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) {
-  const DF df;
-  const DU du;
-  const hn::Rebind<std::uint8_t, DF> du8;
-  const auto bytes = hn::LoadU(du8, codes);
-  const auto c = hn::PromoteTo(du, bytes);
-  const auto nan = hn::BitCast(df, hn::Set(du, 0x7FC00000u));
+// Float32 scale factors of 16 consecutive groups from their code bytes: E4M3 for nvfp4 (times
+// the three-level factor exactly as dequantize forms it), E8M0 for mx.
+HWY_INLINE __m512 ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) {
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m512 nan = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000));
   if (s.mode == Mode::nvfp4) {
-    // E4M3 -> f16 by shifting into place (same mantissa width, exponent bias 15 vs 7), then
-    // f16 -> f32 and times 2^8 for the bias difference: exact for every finite code.
-    const hn::Rebind<std::uint16_t, DF> du16;
-    const hn::Rebind<hwy::float16_t, DF> df16;
-    const auto c16 = hn::PromoteTo(du16, bytes);
-    const auto h = hn::Or(hn::ShiftLeft<7>(hn::And(c16, hn::Set(du16, 0x7F))),
-                          hn::ShiftLeft<8>(hn::And(c16, hn::Set(du16, 0x80))));
-    auto sf = hn::Mul(hn::PromoteTo(df, hn::BitCast(df16, h)), hn::Set(df, 256.0f));
-    sf = hn::IfThenElse(hn::RebindMask(df, hn::And(c, hn::Set(du, 0x7F)) == hn::Set(du, 0x7F)), nan, sf);
+    // The E4M3 magnitude bits placed at the f32 exponent/mantissa position are its value times
+    // 2^-120 (a subnormal f32 for subnormal codes), so one exact multiply rebiases them.
+    const __m512i magnitude = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
+    const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+    const __m512i bits =  // magnitude << 20 | (c << 24 & sign)
+        _mm512_ternarylogic_epi32(_mm512_slli_epi32(magnitude, 20), _mm512_slli_epi32(c, 24), sign, 0xF8);
+    __m512 sf = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
+    sf = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7F)), sf, nan);
     if (s.global_scale)
-      sf = hn::Mul(hn::Mul(sf, hn::Set(df, *s.global_scale)), hn::Set(df, f32_from_bits(kC2688Bits)));
+      sf = _mm512_mul_ps(_mm512_mul_ps(sf, _mm512_set1_ps(*s.global_scale)), _mm512_set1_ps(f32_from_bits(kC2688Bits)));
     return sf;
   }
-  auto bits = hn::ShiftLeft<23>(c);
-  bits = hn::IfThenElse(c == hn::Zero(du), hn::Set(du, 0x00400000u), bits);
-  return hn::IfThenElse(hn::RebindMask(df, c == hn::Set(du, 0xFF)), nan, hn::BitCast(df, bits));
+  // 2^(c - 127) from its bits; c = 0 is the subnormal 2^-127, c = 255 NaN.
+  __m512i bits = _mm512_slli_epi32(c, 23);
+  bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), bits,
+                                 _mm512_set1_epi32(0x00400000));
+  return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xFF)), _mm512_castsi512_ps(bits), nan);
 }
 
 bool GemvFp4Fast(const QuantizedMatrix& w) {
@@ -148,10 +145,10 @@ constexpr SpreadTables kSpread = MakeSpreadTables();
 
 // Float32 factors of groups [g, g + 16) of a row, zero-padded past its last group.
 HWY_INLINE __m512 RowFactors(const std::uint8_t* row_codes, std::int64_t groups, std::int64_t g, const QuantSpec& s) {
-  if (groups - g >= 16) return ScaleFactors16(row_codes + g, s).raw;
+  if (groups - g >= 16) return ScaleFactors16(row_codes + g, s);
   HWY_ALIGN std::uint8_t tail[16] = {};
   std::memcpy(tail, row_codes + g, static_cast<std::size_t>(groups - g));
-  return ScaleFactors16(tail, s).raw;
+  return ScaleFactors16(tail, s);
 }
 
 // Rows [n0, n1) of an nvfp4 / mxfp4 W against kM rows of x laid out by DeinterleavedIndex. Per

@@ -137,21 +137,27 @@ TEST(QuantizedMatmul, Fp4GemvBlocksLeftoversAndScaleRange) {
   }
 }
 
-TEST(QuantizedMatmul, Fp4GemvPropagatesNanScales) {
+// Hostile scale codes: NaN ones poison their row; negative and subnormal E4M3 ones decode as
+// dequantize decodes them.
+TEST(QuantizedMatmul, Fp4GemvOddScaleCodes) {
   for (Mode mode : {Mode::nvfp4, Mode::mxfp4}) {
     const std::int64_t N = 3, K = 160;
     auto q = ms::quantize(f32(randn(N * K, 23), {N, K}), spec_for(mode));
-    // Row 1, group 1 (inside the first 128-value block) and row 2's last group (a leftover chunk).
     const std::int64_t groups = K / q.spec.group_size;
     auto* codes = q.scales.data<std::uint8_t>();
     const std::uint8_t nan = mode == Mode::nvfp4 ? 0x7F : 0xFF;
-    codes[1 * groups + 1] = nan;
-    codes[2 * groups + groups - 1] = nan;
-    const auto y = values(ms::quantized_matmul(f32(randn(K, 24), {1, K}), q, true));
+    codes[1 * groups + 1] = nan;                             // inside the first 128-value block
+    codes[2 * groups + groups - 1] = nan;                    // in the leftover 32-value chunk
+    codes[0] = mode == Mode::nvfp4 ? 0xB5 : 0x00;            // negative E4M3; E8M0's subnormal 2^-127
+    codes[groups - 1] = mode == Mode::nvfp4 ? 0x01 : 0xF8;   // subnormal E4M3; E8M0 2^121
+    const auto x = randn(K, 24);
+    const auto y = values(ms::quantized_matmul(f32(x, {1, K}), q, true));
+    const auto wd = values(ms::dequantize(q, DType::float32));
     SCOPED_TRACE(ms::name(mode));
-    EXPECT_FALSE(std::isnan(y[0]));
     EXPECT_TRUE(std::isnan(y[1]));
     EXPECT_TRUE(std::isnan(y[2]));
+    const Oracle o = oracle(x, std::vector<float>(wd.begin(), wd.begin() + K), 1, 1, K, true);
+    expect_close(std::vector<float>{y[0]}, o);
   }
 }
 
