@@ -153,56 +153,54 @@ HWY_INLINE __m512 RowFactors(const std::uint8_t* row_codes, std::int64_t groups,
 
 // Rows [n0, n1) of an nvfp4 / mxfp4 W against kM rows of x laid out by DeinterleavedIndex. Per
 // block, t = sum of x times E2M1 values, then acc += t * (factor of each lane's group).
-template <int kM>
+template <int kM, bool kNv>
 void GemvRowsFp4(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1, const float* bias,
                  float* y) {
+  constexpr std::int64_t kGroup = kNv ? 16 : 32;
+  constexpr std::int64_t kBlocksPerFactors = kNv ? 2 : 4;  // 128-value blocks covered by 16 groups
   const std::int64_t K = w.cols, N = w.rows;
-  const bool nv = w.spec.mode == Mode::nvfp4;
-  const std::int64_t group = w.spec.group_size;
-  const std::int64_t groups = K / group;
+  const std::int64_t groups = K / kGroup;
   const std::int64_t blocks = K / 128;
-  const std::int64_t blocks_per_factors = nv ? 2 : 4;  // 128-value blocks covered by 16 groups
-  const std::uint32_t(*spread)[16] = nv ? kSpread.nvfp4 : kSpread.mx;
+  const std::uint32_t(*spread)[16] = kNv ? kSpread.nvfp4 : kSpread.mx;
   const __m512 table = _mm512_load_ps(kE2M1Values);
   for (std::int64_t n = n0; n < n1; ++n) {
     const std::uint8_t* p = w.packed + n * (K / 2);
     const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;
     __m512 acc[kM];
     for (int m = 0; m < kM; ++m) acc[m] = _mm512_setzero_ps();
-    __m512 factors = _mm512_setzero_ps();
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t within = b % blocks_per_factors;
-      if (within == 0) {
-        factors = RowFactors(sc, groups, b * 128 / group, w.spec);
-        _mm_prefetch(reinterpret_cast<const char*>(sc + b * 128 / group + 512), _MM_HINT_T0);
+    for (std::int64_t b0 = 0; b0 < blocks; b0 += kBlocksPerFactors) {
+      const __m512 factors = RowFactors(sc, groups, b0 * 128 / kGroup, w.spec);
+      _mm_prefetch(reinterpret_cast<const char*>(sc + b0 * 128 / kGroup + 512), _MM_HINT_T0);
+      const std::int64_t b1 = std::min(blocks, b0 + kBlocksPerFactors);
+      for (std::int64_t b = b0; b < b1; ++b) {
+        const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[b - b0]), factors);
+        // Software prefetch a few KB ahead: one core's hardware prefetch alone left the DRAM
+        // stream short of the two-thread bandwidth.
+        _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T0);
+        const __m512i codes = _mm512_loadu_si512(p + b * 64);
+        // Two partial sums per row of x halve the FMA dependency chain of a block.
+        __m512 t0[kM], t1[kM];
+        auto step = [&](auto j) HWY_ATTR {
+          constexpr int kJ = decltype(j)::value;
+          const __m512 v = _mm512_permutexvar_ps(kJ ? _mm512_srli_epi32(codes, 4 * kJ) : codes, table);
+          for (int m = 0; m < kM; ++m) {
+            const __m512 xj = _mm512_load_ps(xd + m * K + b * 128 + 16 * kJ);
+            __m512& t = kJ % 2 ? t1[m] : t0[m];
+            t = kJ < 2 ? _mm512_mul_ps(xj, v) : _mm512_fmadd_ps(xj, v, t);
+          }
+        };
+        step(std::integral_constant<int, 0>{}), step(std::integral_constant<int, 1>{});
+        step(std::integral_constant<int, 2>{}), step(std::integral_constant<int, 3>{});
+        step(std::integral_constant<int, 4>{}), step(std::integral_constant<int, 5>{});
+        step(std::integral_constant<int, 6>{}), step(std::integral_constant<int, 7>{});
+        for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(_mm512_add_ps(t0[m], t1[m]), f, acc[m]);
       }
-      const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[within]), factors);
-      // Software prefetch a few KB ahead: one core's hardware prefetch alone left the DRAM
-      // stream short of the two-thread bandwidth.
-      _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T0);
-      const __m512i codes = _mm512_loadu_si512(p + b * 64);
-      // Two partial sums per row of x halve the FMA dependency chain of a block.
-      __m512 t0[kM], t1[kM];
-      auto step = [&](auto j) HWY_ATTR {
-        constexpr int kJ = decltype(j)::value;
-        const __m512 v = _mm512_permutexvar_ps(kJ ? _mm512_srli_epi32(codes, 4 * kJ) : codes, table);
-        for (int m = 0; m < kM; ++m) {
-          const __m512 xj = _mm512_load_ps(xd + m * K + b * 128 + 16 * kJ);
-          __m512& t = kJ % 2 ? t1[m] : t0[m];
-          t = kJ < 2 ? _mm512_mul_ps(xj, v) : _mm512_fmadd_ps(xj, v, t);
-        }
-      };
-      step(std::integral_constant<int, 0>{}), step(std::integral_constant<int, 1>{});
-      step(std::integral_constant<int, 2>{}), step(std::integral_constant<int, 3>{});
-      step(std::integral_constant<int, 4>{}), step(std::integral_constant<int, 5>{});
-      step(std::integral_constant<int, 6>{}), step(std::integral_constant<int, 7>{});
-      for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(_mm512_add_ps(t0[m], t1[m]), f, acc[m]);
     }
     // Leftover 32-value chunks (K not a multiple of 128).
     for (std::int64_t c = blocks * 4; c < K / 32; ++c) {
-      const std::int64_t g = c * 32 / group;
+      const std::int64_t g = c * 32 / kGroup;
       const __m512 chunk_factors = RowFactors(sc, groups, g, w.spec);
-      const __m512 f = nv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk[0]), chunk_factors)
+      const __m512 f = kNv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk[0]), chunk_factors)
                           : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 16)));
       const __m512 even = _mm512_permutexvar_ps(bytes, table);
@@ -230,12 +228,18 @@ void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const float*
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t k = 0; k < K; ++k)
         xd[static_cast<std::size_t>(m * K + DeinterleavedIndex(k, K / 128 * 128))] = x[m * K + k];
+    const bool nv = w.spec.mode == Mode::nvfp4;
     parallel_for(N, 64, [&](std::int64_t n0, std::int64_t n1) {
+      auto rows = [&](auto m) HWY_ATTR {
+        constexpr int kM = decltype(m)::value;
+        return nv ? GemvRowsFp4<kM, true>(xd.get(), w, n0, n1, bias, y)
+                  : GemvRowsFp4<kM, false>(xd.get(), w, n0, n1, bias, y);
+      };
       switch (M) {
-        case 1: return GemvRowsFp4<1>(xd.get(), w, n0, n1, bias, y);
-        case 2: return GemvRowsFp4<2>(xd.get(), w, n0, n1, bias, y);
-        case 3: return GemvRowsFp4<3>(xd.get(), w, n0, n1, bias, y);
-        default: return GemvRowsFp4<4>(xd.get(), w, n0, n1, bias, y);
+        case 1: return rows(std::integral_constant<int, 1>{});
+        case 2: return rows(std::integral_constant<int, 2>{});
+        case 3: return rows(std::integral_constant<int, 3>{});
+        default: return rows(std::integral_constant<int, 4>{});
       }
     });
     return;
