@@ -38,6 +38,8 @@ class Tensor {
  public:
   Tensor() = default;                // empty: shape (0,), no buffer
   Tensor(DType dtype, Shape shape);  // zero-filled
+  // Contents unspecified: for outputs an op overwrites entirely (skips a pass over the memory).
+  static Tensor uninitialized(DType dtype, Shape shape);
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }

@@ -84,8 +84,11 @@ float value_at(const Tensor& t, std::size_t i) {
   }
 }
 
+// After one untimed call: the first call of a process also pays for page faults of fresh
+// allocations and for starting the thread pool.
 template <class F>
 double median_seconds(int repeats, F&& fn) {
+  fn();
   std::vector<double> t;
   for (int i = 0; i < repeats; ++i) {
     const auto a = std::chrono::steady_clock::now();
@@ -141,9 +144,17 @@ Acc measure(const EvalMode& m, const TensorView& x, const std::vector<float>& va
   if (m.global) spec.global_scale = global_scale(x);
   Quantized q;
   Acc a;
-  a.tq = median_seconds(opt.repeats, [&] { q = quantize(x, spec); });
+  // The previous result is released first, as a caller reusing the name would: keeping it alive
+  // during the call would time fresh page faults for every output instead of the op.
+  a.tq = median_seconds(opt.repeats, [&] {
+    q = Quantized();
+    q = quantize(x, spec);
+  });
   Tensor y;
-  a.td = median_seconds(opt.repeats, [&] { y = dequantize(q, opt.out); });
+  a.td = median_seconds(opt.repeats, [&] {
+    y = Tensor();
+    y = dequantize(q, opt.out);
+  });
   for (std::size_t i = 0; i < values.size(); ++i) {
     const double d = static_cast<double>(values[i]) - value_at(y, i);
     a.err += d * d;
@@ -302,8 +313,13 @@ void validate(const EvalOptions& opt) {
   if (opt.repeats < 1) throw Error("--repeats must be at least 1, got " + std::to_string(opt.repeats));
   if (!is_float(opt.dtype)) throw Error(std::string("--dtype must be a float type, got ") + dtype_name(opt.dtype));
   if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
-  for (const std::string& name : opt.modes)
+  for (std::size_t i = 0; i < opt.modes.size(); ++i) {
+    const std::string& name = opt.modes[i];
     if (!find_mode(name)) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
+    if (std::find(opt.modes.begin(), opt.modes.begin() + static_cast<std::ptrdiff_t>(i), name) !=
+        opt.modes.begin() + static_cast<std::ptrdiff_t>(i))
+      throw Error("mode '" + name + "' is listed twice");
+  }
   if (!opt.model_dir.empty()) return;  // a model's weights are checked one by one
   for (const std::string& name : opt.modes) {
     const EvalMode* m = find_mode(name);
@@ -341,10 +357,17 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
     print_table_header();
     std::map<std::string, Acc> all;
     std::uint64_t seed = opt.seed;
+    bool warm = false;
     for (const std::string& matrix : matrices) {
       const Stored w = store(make_matrix(matrix, opt.rows, opt.cols, seed++), opt.dtype);
       const TensorView x(w.bytes.data(), opt.dtype, shape);
       const double energy = energy_of(w.values);
+      // Untimed work for a quarter second before the first measurement: the process's first
+      // calls run several times slower (thread start-up, page faults, clock ramp).
+      for (const auto start = std::chrono::steady_clock::now();
+           !warm && std::chrono::steady_clock::now() - start < std::chrono::milliseconds(250);)
+        dequantize(quantize(x, find_mode(modes.front())->spec), opt.out);
+      warm = true;
       for (const std::string& name : modes) {
         const Acc a = measure(*find_mode(name), x, w.values, energy, opt);
         all[name].add(a);

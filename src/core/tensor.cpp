@@ -66,13 +66,19 @@ const std::byte* TensorView::at(const std::int64_t* index) const {
 
 void Tensor::Free::operator()(std::byte* p) const { std::free(p); }
 
-Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
-  const std::size_t n = nbytes();
-  const std::size_t padded = (n + 63) / 64 * 64 + 64;  // never zero, whole cache lines
+Tensor Tensor::uninitialized(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  const std::size_t padded = (t.nbytes() + 63) / 64 * 64 + 64;  // never zero, whole cache lines
   auto* p = static_cast<std::byte*>(std::aligned_alloc(64, padded));
   if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, padded);
-  buf_ = std::shared_ptr<std::byte>(p, Free{});
+  t.buf_ = std::shared_ptr<std::byte>(p, Free{});
+  return t;
+}
+
+Tensor::Tensor(DType dtype, Shape shape) : Tensor(uninitialized(dtype, std::move(shape))) {
+  std::memset(buf_.get(), 0, (nbytes() + 63) / 64 * 64 + 64);
 }
 
 Tensor Tensor::reshaped(Shape shape) const {

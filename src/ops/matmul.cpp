@@ -64,7 +64,7 @@ std::vector<float> bias_f32(const TensorView* bias, std::int64_t N, const char* 
 }
 
 Tensor to_dtype(const std::vector<float>& y, DType dtype, Shape shape) {
-  Tensor out(dtype, std::move(shape));
+  Tensor out = Tensor::uninitialized(dtype, std::move(shape));  // every element is written
   const std::size_t size = dtype_size(dtype);
   for (std::size_t i = 0; i < y.size(); ++i) detail::store_f32(y[i], dtype, out.bytes() + i * size);
   return out;

@@ -158,7 +158,7 @@ Tensor dequantize(const TensorView& packed, const TensorView& scales, const Tens
                                " is not supported (float32, float16 or bfloat16)");
   const detail::QuantizedOperand w = detail::check_operand(packed, scales, biases, spec, "dequantize");
   const auto* p = reinterpret_cast<const std::uint8_t*>(w.packed.data);
-  Tensor y(dtype, w.shape);
+  Tensor y = Tensor::uninitialized(dtype, w.shape);  // every element is written
   if (backend() == Backend::reference)
     reference::dequantize(p, w.scales.data, w.biases.data, w.scale_dtype, w.rows, w.K, w.spec, dtype, y.bytes());
   else
