@@ -17,7 +17,6 @@
 
 #include "core/convert.hpp"
 #include "cpu/kernels.hpp"
-#include "cpu/minifloat-inl.h"
 #include "cpu/parallel.hpp"
 #include "microscale/codecs.hpp"
 #include "reference/reference.hpp"
@@ -139,17 +138,26 @@ HWY_INLINE VF DecodeE2M1(VI c) {
   }
 }
 
-// Codes 0..255 of a signed 8-bit minifloat with M mantissa bits and exponent bias B.
+constexpr float Pow2(int k) {
+  float r = 1.0f;
+  for (; k > 0; --k) r *= 2.0f;
+  return r;
+}
+
+// Codes 0..255 of a signed 8-bit minifloat with M mantissa bits and exponent bias B: the
+// magnitude shifted to f32 position times 2^(127-B) (exact; subnormals become normals).
 // E4M3: 0x7F NaN. E5M2: 0x7C Inf, above NaN. NaN decodes as the reference's +-quiet NaN;
 // without kNaN the caller has ruled NaN codes out.
 template <int M, int B, int kInfCode, int kNaNCode, bool kNaN>
 HWY_INLINE VF DecodeMinifloat(VI c) {
+  const DF df;
   const DI di;
   const VI mag = hn::And(c, hn::Set(di, 0x7F));
-  VI v = MinifloatMagnitudeBits<M, B>(di, mag);
+  constexpr float kRebias = Pow2(127 - B);
+  VI v = hn::BitCast(di, hn::Mul(hn::BitCast(df, hn::ShiftLeft<23 - M>(mag)), hn::Set(df, kRebias)));
   if constexpr (kInfCode >= 0) v = hn::IfThenElse(hn::Eq(mag, hn::Set(di, kInfCode)), hn::Set(di, 0x7F800000), v);
   if constexpr (kNaN) v = hn::IfThenElse(hn::Gt(mag, hn::Set(di, kNaNCode - 1)), hn::Set(di, 0x7FC00000), v);
-  return hn::BitCast(DF(), hn::Or(v, hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)))));
+  return hn::BitCast(df, hn::Or(v, hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)))));
 }
 template <bool kNaN = true>
 HWY_INLINE VF DecodeE4M3(VI c) {

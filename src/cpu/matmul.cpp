@@ -14,7 +14,6 @@
 #include <cstring>
 
 #include "cpu/kernels.hpp"
-#include "cpu/minifloat-inl.h"
 #include "cpu/parallel.hpp"
 #include "microscale/codecs.hpp"
 
@@ -91,11 +90,13 @@ HWY_INLINE __m512 ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) 
   const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
   const __m512 nan = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000));
   if (s.mode == Mode::nvfp4) {
-    const hn::Repartition<std::int32_t, DF> di;
+    // The E4M3 magnitude bits placed at the f32 exponent/mantissa position are its value times
+    // 2^-120 (a subnormal f32 for subnormal codes), so one exact multiply rebiases them.
     const __m512i magnitude = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
-    const __m512i bits = _mm512_or_si512(MinifloatMagnitudeBits<3, 7>(di, hn::Vec<decltype(di)>{magnitude}).raw,
-                                         _mm512_slli_epi32(_mm512_srli_epi32(c, 7), 31));  // | sign
-    __m512 sf = _mm512_castsi512_ps(bits);
+    const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+    const __m512i bits =  // magnitude << 20 | (c << 24 & sign)
+        _mm512_ternarylogic_epi32(_mm512_slli_epi32(magnitude, 20), _mm512_slli_epi32(c, 24), sign, 0xF8);
+    __m512 sf = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
     sf = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7F)), sf, nan);
     if (s.global_scale)
       sf = _mm512_mul_ps(_mm512_mul_ps(sf, _mm512_set1_ps(*s.global_scale)), _mm512_set1_ps(f32_from_bits(kC2688Bits)));

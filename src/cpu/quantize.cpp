@@ -24,7 +24,6 @@
 
 #include "core/convert.hpp"
 #include "cpu/kernels.hpp"
-#include "cpu/minifloat-inl.h"
 #include "cpu/parallel.hpp"
 #include "microscale/codecs.hpp"
 #include "reference/reference.hpp"
@@ -329,7 +328,8 @@ HWY_INLINE void Nvfp4Tile(const T* x, const Nvfp4& p, std::uint8_t* packed, std:
   const VI bm = BlockMaxBits<16, kSat>(x);
   const VF t = hn::Min(hn::Mul(hn::BitCast(df, bm), hn::Set(df, p.s_enc_c6)), hn::Set(df, kFltMax));
   VI s = RoundMagnitude<E4M3>(hn::BitCast(di, t));
-  const VF sf = hn::BitCast(df, MinifloatMagnitudeBits<3, 7>(di, s));  // val(s), s <= 0x7E
+  // val(s): the code's bits at f32 mantissa/exponent position times 2^120 (exact, subnormals too).
+  const VF sf = hn::Mul(hn::BitCast(df, hn::ShiftLeft<20>(s)), hn::Set(df, 0x1p120f));
   const VF enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, p.s_dec))), hn::Set(df, kFltMax));
   const auto bad = NonFiniteBlocks<kSat>(bm);
   s = hn::IfThenElse(bad, hn::Set(di, 0x7F), s);
