@@ -34,6 +34,16 @@ struct QuantSpec {
 // with the reason otherwise.
 QuantSpec resolve(const QuantSpec& spec);
 
+// qqmm's two operands from one spec and the two global scales: x (quantized on the fly, compact
+// layout) and w resolved, and alpha, the factor the float32 sum takes (the product of both
+// three-level decode factors, 1 for two-level). Throws Error for affine, for spec.global_scale
+// set, and for one global scale without the other.
+struct QqmmSpecs {
+  QuantSpec x, w;
+  float alpha = 1.0f;
+};
+QqmmSpecs resolve_qqmm(const QuantSpec& spec, std::optional<float> global_scale_x, std::optional<float> global_scale_w);
+
 Mode mode_from_name(const std::string& s);
 ScaleRule scale_rule_from_name(const std::string& s);
 NonFinite nonfinite_from_name(const std::string& s);

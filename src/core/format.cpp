@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "microscale/codecs.hpp"
 #include "microscale/dtype.hpp"
 
 namespace microscale {
@@ -107,6 +108,24 @@ QuantSpec resolve(const QuantSpec& spec) {
     require(g >= 0.0f, "global_scale must be >= 0 (it is the tensor amax), got " + std::to_string(g));
   }
   return r;
+}
+
+QqmmSpecs resolve_qqmm(const QuantSpec& spec, std::optional<float> global_scale_x, std::optional<float> global_scale_w) {
+  auto require = [](bool ok, const char* msg) {
+    if (!ok) throw Error(msg);
+  };
+  require(spec.mode != Mode::affine, "qqmm: mode must be nvfp4, mxfp4 or mxfp8 (affine has no quantized activations)");
+  require(!spec.global_scale, "qqmm: pass global_scale_x and global_scale_w, not spec.global_scale");
+  require(global_scale_x.has_value() == global_scale_w.has_value(),
+          "qqmm: nvfp4 takes both global_scale_x and global_scale_w, or neither");
+  QqmmSpecs out{spec, spec, 1.0f};
+  out.x.global_scale = global_scale_x;
+  out.w.global_scale = global_scale_w;
+  out.x.layout = Layout::compact;
+  out.x = resolve(out.x);
+  out.w = resolve(out.w);
+  if (global_scale_x) out.alpha = (*global_scale_x * *global_scale_w) * f32_from_bits(kC2688SqBits);
+  return out;
 }
 
 double bits_per_value(const QuantSpec& resolved, int scale_bits) {

@@ -37,7 +37,6 @@ constexpr std::uint32_t kC6 = 0x3E2AAAABu;
 constexpr std::uint32_t kC448 = 0x3B124925u;
 constexpr std::uint32_t kC57344 = 0x37924925u;
 constexpr std::uint32_t kC2688 = 0x39C30C31u;
-constexpr std::uint32_t kC2688Sq = 0x34149B93u;
 constexpr std::uint32_t kFltMax = 0x7F7FFFFFu;
 constexpr std::uint32_t kQuietNaN = 0x7FC00000u;  // the NaN std::numeric_limits gives on the CPU
 

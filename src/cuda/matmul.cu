@@ -480,16 +480,9 @@ void qqmm(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor* w_sc
           std::optional<float> global_scale_x, std::optional<float> global_scale_w, const DeviceTensor& y,
           const DeviceTensor* bias, QqmmPath path, Stream stream) {
   const std::string op = "qqmm";
-  require(spec.mode != Mode::affine, "qqmm: mode must be nvfp4, mxfp4 or mxfp8 (affine has no quantized activations)");
-  require(!spec.global_scale, "qqmm: pass global_scale_x and global_scale_w, not spec.global_scale");
-  require(global_scale_x.has_value() == global_scale_w.has_value(),
-          "qqmm: nvfp4 takes both global_scale_x and global_scale_w, or neither");
-  QuantSpec sx = spec, sw = spec;
-  sx.global_scale = global_scale_x;
-  sw.global_scale = global_scale_w;
-  sx.layout = Layout::compact;
-  sx = resolve(sx);
-  sw = resolve(sw);
+  const QqmmSpecs specs = resolve_qqmm(spec, global_scale_x, global_scale_w);
+  const QuantSpec& sx = specs.x;
+  QuantSpec sw = specs.w;
   require(is_float(x.dtype), op + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
   require(!x.shape.empty(), "qqmm: x must have rank >= 1");
   require(w.shape.size() == 2, "qqmm: w must be 2-D [N, K] (packed [N, K*bits/8]), got " + shape_str(w.shape));
@@ -512,7 +505,7 @@ void qqmm(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor* w_sc
   out_shape.back() = N;
   check_float_tensor(y, out_shape, op + ": output");
   check_bias(bias, N, op);
-  const float alpha = global_scale_x ? (*global_scale_x * *global_scale_w) * float_of(kC2688Sq) : 1.0f;
+  const float alpha = specs.alpha;
   const DeviceTensor x2{x.data, x.dtype, {M, K}};
 
   std::deque<ScratchTensor> keep;  // scratch buffers, freed in stream order on return

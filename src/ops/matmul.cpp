@@ -150,16 +150,9 @@ Tensor quantized_matmul(const TensorView& x, const Quantized& w, bool transpose,
 Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales, const QuantSpec& spec,
             std::optional<float> global_scale_x, std::optional<float> global_scale_w, const TensorView* bias) {
   const char* op = "qqmm";
-  require(spec.mode != Mode::affine, "qqmm: mode must be nvfp4, mxfp4 or mxfp8 (affine has no quantized activations)");
-  require(!spec.global_scale, "qqmm: pass global_scale_x and global_scale_w, not spec.global_scale");
-  require(global_scale_x.has_value() == global_scale_w.has_value(),
-          "qqmm: nvfp4 takes both global_scale_x and global_scale_w, or neither");
-  QuantSpec sx = spec, sw = spec;
-  sx.global_scale = global_scale_x;
-  sw.global_scale = global_scale_w;
-  sx.layout = Layout::compact;
-  sx = resolve(sx);
-  sw = resolve(sw);
+  const QqmmSpecs specs = resolve_qqmm(spec, global_scale_x, global_scale_w);
+  const QuantSpec& sx = specs.x;
+  QuantSpec sw = specs.w;
   require(is_float(x.dtype), std::string(op) + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
   require(x.rank() >= 1, "qqmm: x must have rank >= 1");
   require(w.rank() == 2, "qqmm: w must be 2-D [N, K] (packed [N, K*bits/8]), got " + shape_str(w.shape));
@@ -181,8 +174,7 @@ Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales
   require(x.shape.back() == K, "qqmm: x has K = " + std::to_string(x.shape.back()) + " but w has K = " + std::to_string(K));
   const Quantized qx = quantize(x, sx);
   const std::int64_t M = numel(leading(x.shape, 1));
-  float alpha = 1.0f;
-  if (global_scale_x) alpha = (*global_scale_x * *global_scale_w) * f32_from_bits(kC2688SqBits);
+  const float alpha = specs.alpha;
   const std::vector<float> bf = bias_f32(bias, N, op);
   std::vector<float> y(static_cast<std::size_t>(M * N));
   const auto* w_bytes = reinterpret_cast<const std::uint8_t*>(wop.packed.data);
