@@ -125,7 +125,10 @@ std::size_t shard_no(const Input& in, const std::string& tensor) {
   return static_cast<std::size_t>(std::find(all.begin(), all.end(), p) - all.begin());
 }
 
-Item passthrough(const Input& in, const std::string& name, Report& report) {
+// A tensor written unchanged, reported as `action` ("copied", or "kept" with the reason a weight
+// was not quantized).
+Item passthrough(const Input& in, const std::string& name, Report& report, const char* action = "copied",
+                 std::string reason = {}) {
   const StTensor& t = in.ck.tensor(name);
   Item it;
   it.shard = shard_no(in, name);
@@ -133,16 +136,17 @@ Item passthrough(const Input& in, const std::string& name, Report& report) {
   it.entries = {{name, t.dtype, t.shape}};
   it.in_bytes = t.data.size();
   it.label = name;
-  it.run = [&in, name, &report](SafetensorsWriter& w) {
+  it.run = [&in, name, action, reason = std::move(reason), &report](SafetensorsWriter& w) {
     const StTensor& src = in.ck.tensor(name);
     w.write(name, src.data);
     release(src.data);
     TensorReport r;
     r.name = name;
-    r.action = "copied";
+    r.action = action;
     r.format = src.dtype_name();
     r.shape = src.shape;
     r.bytes_in = r.bytes_out = src.data.size();
+    r.reason = reason;
     report.tensors.push_back(std::move(r));
   };
   return it;
@@ -367,24 +371,8 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   for (const std::string& n : in.ck.names()) {
     auto sel = by_name.find(n);
     if (sel == by_name.end()) {
-      Item it = passthrough(in, n, report);
-      if (auto k = kept.find(n); k != kept.end()) {
-        // Report kept 2-D weights with their reason instead of a plain copy.
-        it.run = [&in, n, reason = k->second, &report](SafetensorsWriter& w) {
-          const StTensor& t = in.ck.tensor(n);
-          w.write(n, t.data);
-          release(t.data);
-          TensorReport r;
-          r.name = n;
-          r.action = "kept";
-          r.format = t.dtype_name();
-          r.shape = t.shape;
-          r.bytes_in = r.bytes_out = t.data.size();
-          r.reason = reason;
-          report.tensors.push_back(std::move(r));
-        };
-      }
-      items.push_back(std::move(it));
+      const auto k = kept.find(n);
+      items.push_back(k == kept.end() ? passthrough(in, n, report) : passthrough(in, n, report, "kept", k->second));
       continue;
     }
     const Sel& s = *sel->second;
