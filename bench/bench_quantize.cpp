@@ -2,7 +2,8 @@
 // (FORMATS.md section 10), each op next to a STREAM-like twin that reads and writes the same
 // bytes in the same buffers with the same threads, so an op's fraction of the memory roof comes
 // from one run; repetitions are interleaved at random. At the end the medians are printed side
-// by side (G elements/s, GB/s of the op and of its twin, ratio).
+// by side (G elements/s, GB/s of the op and of its twin, ratio). The cached-quantize:* rows run
+// each quantizer on 64 rows with one thread, in L2: its compute rate alone.
 //
 //   microscale_bench_quantize [--benchmark_filter=...]    (threads: the last name component, 1 or 2)
 #include <benchmark/benchmark.h>
@@ -119,6 +120,23 @@ void run_op(benchmark::State& st, Op op) {
   set_counters(st, op);
 }
 
+// The op on the first kCachedRows rows only, one thread, data resident in L2: its compute rate
+// without the memory system.
+constexpr std::int64_t kCachedRows = 64;
+void run_cached(benchmark::State& st, Op op) {
+  Data& d = data();
+  ms::set_num_threads(1);
+  const ms::QuantSpec s = spec_of(op);
+  const void* x = op.dtype == ms::DType::float32 ? static_cast<const void*>(d.f32.data()) : d.bf16.data();
+  auto* scales = reinterpret_cast<std::byte*>(d.scales.data());
+  for (auto _ : st) {
+    ms::cpu::quantize(x, op.dtype, kCachedRows, kK, s, d.packed.data(), scales, nullptr);
+    benchmark::ClobberMemory();
+  }
+  st.counters["el/s"] =
+      benchmark::Counter(static_cast<double>(kCachedRows * kK), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // Per 1024 elements: XOR-reduce `rd` input bytes, store `wr` bytes derived from them; threads
 // take contiguous ranges as the kernels' parallel_for does.
 void stream_pass(const std::uint8_t* in, std::int64_t rd, std::uint8_t* out, std::int64_t wr, int threads) {
@@ -229,6 +247,13 @@ int main(int argc, char** argv) {
     using Fn = void (*)(benchmark::State&, Op);
     std::vector<std::pair<std::string, Fn>> runs = {{name, run_op}};
     if (op.kind != Kind::find_nonfinite) runs.emplace_back(twin, run_stream);
+    if (op.kind == Kind::quantize)
+      benchmark::RegisterBenchmark(("cached-" + name).c_str(), run_cached, op)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2)
+          ->Repetitions(7)
+          ->ReportAggregatesOnly(true);
     for (const auto& [n, fn] : runs)
       benchmark::RegisterBenchmark(n.c_str(), fn, op)
           ->Arg(1)
