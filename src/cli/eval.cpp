@@ -313,12 +313,9 @@ void validate(const EvalOptions& opt) {
   if (opt.repeats < 1) throw Error("--repeats must be at least 1, got " + std::to_string(opt.repeats));
   if (!is_float(opt.dtype)) throw Error(std::string("--dtype must be a float type, got ") + dtype_name(opt.dtype));
   if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
-  for (std::size_t i = 0; i < opt.modes.size(); ++i) {
-    const std::string& name = opt.modes[i];
+  for (const std::string& name : opt.modes) {
     if (!find_mode(name)) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
-    if (std::find(opt.modes.begin(), opt.modes.begin() + static_cast<std::ptrdiff_t>(i), name) !=
-        opt.modes.begin() + static_cast<std::ptrdiff_t>(i))
-      throw Error("mode '" + name + "' is listed twice");
+    if (std::count(opt.modes.begin(), opt.modes.end(), name) > 1) throw Error("mode '" + name + "' is listed twice");
   }
   if (!opt.model_dir.empty()) return;  // a model's weights are checked one by one
   for (const std::string& name : opt.modes) {

@@ -66,19 +66,23 @@ const std::byte* TensorView::at(const std::int64_t* index) const {
 
 void Tensor::Free::operator()(std::byte* p) const { std::free(p); }
 
+namespace {
+// Bytes allocated for n bytes of data: never zero, whole cache lines.
+std::size_t padded_size(std::size_t n) { return (n + 63) / 64 * 64 + 64; }
+}  // namespace
+
 Tensor Tensor::uninitialized(DType dtype, Shape shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  const std::size_t padded = (t.nbytes() + 63) / 64 * 64 + 64;  // never zero, whole cache lines
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, padded));
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, padded_size(t.nbytes())));
   if (p == nullptr) throw std::bad_alloc();
   t.buf_ = std::shared_ptr<std::byte>(p, Free{});
   return t;
 }
 
 Tensor::Tensor(DType dtype, Shape shape) : Tensor(uninitialized(dtype, std::move(shape))) {
-  std::memset(buf_.get(), 0, (nbytes() + 63) / 64 * 64 + 64);
+  std::memset(buf_.get(), 0, padded_size(nbytes()));
 }
 
 Tensor Tensor::reshaped(Shape shape) const {

@@ -22,7 +22,6 @@ namespace microscale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
-using DU = hn::RebindToUnsigned<DF>;
 
 // Exact dequantized values of W[r, c0 : c0+n) (c0 and n multiples of the group) into out,
 // through the SIMD dequantize (bit-identical to the reference).
@@ -78,8 +77,8 @@ void GemvRowsGeneric(const float* x, std::int64_t M, const QuantizedMatrix& w, s
 // E2M1 codes index a 16-entry float table directly, against x rearranged once per call to match
 // the order the codes arrive in. Shuffles bound this loop on Zen 4 (dropping the byte-to-dword
 // widening took it from 1.8 to 1.3 ns per 32 weights), so the layout needs no other shuffle per
-// code. Scale factors for 16 groups are decoded
-// in one vector and spread to the lanes of their group by a table lookup.
+// code. Scale factors for 16 groups are decoded in one vector and spread to the lanes of their
+// group by a table lookup.
 
 HWY_ALIGN constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -130,14 +129,14 @@ inline std::int64_t DeinterleavedIndex(std::int64_t k, std::int64_t k128) {
 struct SpreadTables {
   HWY_ALIGN std::uint32_t nvfp4[2][16];
   HWY_ALIGN std::uint32_t mx[4][16];
-  HWY_ALIGN std::uint32_t nvfp4_chunk[8][16];  // 32-value chunks: groups 2j (lanes 0-7), 2j+1
+  HWY_ALIGN std::uint32_t nvfp4_chunk[16];  // a 32-value chunk: groups 0 (lanes 0-7) and 1
 };
 constexpr SpreadTables MakeSpreadTables() {
   SpreadTables t{};
   for (std::uint32_t l = 0; l < 16; ++l) {
     for (std::uint32_t b = 0; b < 2; ++b) t.nvfp4[b][l] = 8 * b + l / 2;
     for (std::uint32_t b = 0; b < 4; ++b) t.mx[b][l] = 4 * b + l / 4;
-    for (std::uint32_t j = 0; j < 8; ++j) t.nvfp4_chunk[j][l] = 2 * j + l / 8;
+    t.nvfp4_chunk[l] = l / 8;
   }
   return t;
 }
@@ -200,7 +199,7 @@ void GemvRowsFp4(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std
     for (std::int64_t c = blocks * 4; c < K / 32; ++c) {
       const std::int64_t g = c * 32 / kGroup;
       const __m512 chunk_factors = RowFactors(sc, groups, g, w.spec);
-      const __m512 f = kNv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk[0]), chunk_factors)
+      const __m512 f = kNv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk), chunk_factors)
                           : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 16)));
       const __m512 even = _mm512_permutexvar_ps(bytes, table);
