@@ -3,8 +3,11 @@
 // Environment (read once, at first use; the setters override it):
 //   MICROSCALE_BACKEND      "cpu" (default: SIMD + threads) or "reference" (scalar executable spec)
 //   MICROSCALE_CPU_TARGET   "auto" (default: best the machine has), or force one of
-//                           "avx512_dl" (AVX-512 with VNNI/VBMI2), "avx512", "avx2", "sse4",
-//                           "ssse3", "scalar" (portable fallback: the reference kernels)
+//                           x86: "avx512_dl" (AVX-512 with VNNI/VBMI2), "avx512", "avx2",
+//                                "sse4", "ssse3";
+//                           Arm: "sve2_128", "sve_256" (SVE of that vector width), "sve2",
+//                                "sve", "neon";
+//                           "scalar" (portable fallback: the reference kernels)
 //   MICROSCALE_NUM_THREADS  worker threads per call (falls back to OMP_NUM_THREADS, then all cores)
 #pragma once
 

@@ -19,13 +19,24 @@ struct TargetName {
   const char* name;
   std::int64_t bit;
 };
+// Best first (Highway's lower bits are better targets).
 constexpr TargetName kTargets[] = {
-    {"avx512_dl", HWY_AVX3_DL}, {"avx512", HWY_AVX3}, {"avx2", HWY_AVX2},
-    {"sse4", HWY_SSE4},         {"ssse3", HWY_SSSE3}, {"scalar", HWY_SCALAR},
+#if HWY_ARCH_X86
+    {"avx512_dl", HWY_AVX3_DL}, {"avx512", HWY_AVX3}, {"avx2", HWY_AVX2}, {"sse4", HWY_SSE4}, {"ssse3", HWY_SSSE3},
+#elif HWY_ARCH_ARM
+    {"sve2_128", HWY_SVE2_128}, {"sve_256", HWY_SVE_256}, {"sve2", HWY_SVE2}, {"sve", HWY_SVE}, {"neon", HWY_NEON},
+#endif
+    {"scalar", HWY_SCALAR},
 };
 
+std::string target_list() {
+  std::string out = "auto";
+  for (const TargetName& t : kTargets) out += std::string(", ") + t.name;
+  return out;
+}
+
 std::int64_t runnable_targets() {
-  hwy::SetSupportedTargetsForTest(0);  // the machine's real set, not a forcing
+  hwy::DisableTargets(0);  // the machine's real set, whatever was disabled before
   return hwy::SupportedTargets();
 }
 
@@ -61,14 +72,16 @@ struct Settings {
     if (!target.empty() && target != "auto") force(target);
   }
 
+  // Dispatch picks the best enabled target, so forcing one disables every better one.
   void force(const std::string& name) {
     for (const TargetName& t : kTargets) {
       if (name != t.name) continue;
-      if (!(machine_targets & t.bit)) throw Error("CPU target '" + name + "' is not supported by this machine");
-      hwy::SetSupportedTargetsForTest(t.bit);
+      if (!(machine_targets & HWY_TARGETS & t.bit))
+        throw Error("CPU target '" + name + "' is not supported by this machine");
+      hwy::DisableTargets(t.bit - 1);
       return;
     }
-    throw Error("unknown CPU target '" + name + "' (auto, avx512_dl, avx512, avx2, sse4, ssse3, scalar)");
+    throw Error("unknown CPU target '" + name + "' (" + target_list() + ")");
   }
 };
 
@@ -89,7 +102,7 @@ void set_cpu_target(const std::string& name) {
   Settings& s = settings();
   std::lock_guard<std::mutex> lock(s.mu);
   if (name == "auto")
-    hwy::SetSupportedTargetsForTest(0);  // back to the machine's own set
+    hwy::DisableTargets(0);  // back to the machine's own set
   else
     s.force(name);
 }
