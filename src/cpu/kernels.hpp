@@ -1,4 +1,6 @@
-// Fast CPU kernels (SIMD through Highway's runtime dispatch, threads through cpu/parallel.hpp).
+// Fast CPU kernels (SIMD through Highway's runtime dispatch, threads through cpu/parallel.hpp):
+// the module boundary. Each function dispatches once per call to its kernel for the best target
+// (cpu/*-inl.h, one source compiled for every target), which runs the whole op.
 // Each matches its reference counterpart (src/reference/reference.hpp): quantize, dequantize,
 // amax and the layouts bit for bit on every target; the matmuls within float32 re-association.
 // Inputs are row-major and contiguous, in their own dtype; src/ops validates and dispatches.
@@ -17,10 +19,6 @@ void quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const
               std::uint8_t* packed, std::byte* scales, std::byte* biases);
 void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases, DType scale_dtype,
                 std::int64_t rows, std::int64_t K, const QuantSpec& spec, DType out, std::byte* y);
-// Blocks [b0, b1) of dequantize on the calling thread, as flat indices over rows x K/group.
-void dequantize_blocks(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases,
-                       DType scale_dtype, const QuantSpec& spec, DType out, std::int64_t b0, std::int64_t b1,
-                       std::byte* y);
 // max |x_i| over finite values (0 if none).
 float amax_finite(const void* x, DType src, std::int64_t n);
 // Flat index of the first NaN or Inf, or -1.
@@ -36,8 +34,13 @@ struct QuantizedMatrix {
   QuantSpec spec;           // resolved; global_scale set for three-level nvfp4
 };
 
+// Rows of x up to which quantized_matmul runs the GEMV (fused decode and multiply for
+// transpose = true); more rows run the panel GEMM.
+inline constexpr std::int64_t kGemvMaxRows = 8;
+
 // y [M, N] float32 = x [M, K] float32 @ W^T (transpose: W is N x K) or @ W (W is K x N), plus
-// bias [N] when given. Products use the float32 values dequantize gives for W; sums are float32.
+// bias [N] when given. Products use the float32 values dequantize gives for W (the GEMV factors
+// the group scale out of its partial sums); sums are float32.
 void quantized_matmul(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias,
                       float* y);
 

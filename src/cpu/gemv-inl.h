@@ -1,0 +1,747 @@
+// Fused quantized GEMV of one target (Highway -inl.h, included per target):
+// y[m, n] = sum_k x[m, k] W[n, k] for up to kGemvMaxRows rows of float32 x, W stored [N, K] with
+// groups along K. Each weight is decoded in registers and multiplied there; nothing is decoded to
+// a float buffer. Modes with a dedicated kernel: nvfp4 and mxfp4 (E2M1 by byte-table lookup),
+// mxfp8 (E4M3 and E5M2 by shifting the code into f32 position) and affine with 4 or 8 bits; the
+// other affine widths decode a slice of the row through dequantize, then take dot products.
+//
+// Summation (docs/numerics.md, "Matmuls"): each lane sums x times the exact element values
+// (fp4: twice the values, integers, halved once at the end) over the part of a group it holds,
+// then multiplies that partial sum by the group's float32 factor, exactly as dequantize forms it
+// (affine: by the scale, with the bias times the sum of x added per group). The order is fixed
+// by the shape, so results never depend on the thread count.
+
+#if defined(MICROSCALE_CPU_GEMV_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MICROSCALE_CPU_GEMV_INL_H_
+#undef MICROSCALE_CPU_GEMV_INL_H_
+#else
+#define MICROSCALE_CPU_GEMV_INL_H_
+#endif
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/convert.hpp"
+#include "cpu/dequantize-inl.h"
+#include "cpu/kernels.hpp"
+#include "cpu/parallel.hpp"
+#include "cpu/simd-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace microscale::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int kRowsPerPass = 4;         // rows of x that share one decode of a weight row
+constexpr std::int64_t kGemvGrain = 32;  // weight rows per parallel chunk
+
+// Bytes of codes per decode step of the 4-bit kernels, and the weights they hold.
+constexpr std::size_t kStepBytes = 4 * kN;
+constexpr std::size_t kStepWeights = 8 * kN;
+
+// Up to kRowsPerPass accumulators as named vectors (SVE allows no arrays of vectors):
+// Rows<kM>(f) calls f(m) for m < kM with m a compile-time constant.
+template <int kM, class F>
+HWY_INLINE void Rows(const F& f) {
+  f(std::integral_constant<int, 0>{});
+  if constexpr (kM > 1) f(std::integral_constant<int, 1>{});
+  if constexpr (kM > 2) f(std::integral_constant<int, 2>{});
+  if constexpr (kM > 3) f(std::integral_constant<int, 3>{});
+}
+template <int kI>
+HWY_INLINE VF& Pick(VF& v0, VF& v1, VF& v2, VF& v3) {
+  if constexpr (kI == 0) return v0;
+  if constexpr (kI == 1) return v1;
+  if constexpr (kI == 2) return v2;
+  if constexpr (kI == 3) return v3;
+}
+
+// ---- x, prepared once per call ----
+
+// The 4-bit kernels decode a step of kStepWeights weights (kStepBytes code bytes) into eight
+// vectors: the low nibbles (even weights) and the high nibbles (odd weights) are each looked up
+// as one byte vector, whose bytes are then spread to 32-bit lanes by byte shuffles, which work
+// within 128-bit blocks. Lane i (0..3) of block b of vector j (0..3) takes byte 16b + 4j + i, so
+// lane L of vector v = 4 * high + j holds weight 2 * (16b + 4j + i) + high. Index of weight k of
+// a step in that order:
+inline std::int64_t NibbleOrderIndex(std::int64_t k) {
+  const std::int64_t byte = k / 2, high = k % 2, b = byte / 16, j = byte % 16 / 4, i = byte % 4;
+  return (4 * high + j) * static_cast<std::int64_t>(kN) + 4 * b + i;
+}
+
+// Rows of x times `scale` (a power of two) in nibble order, step by step, zero-padded to a whole
+// number of steps.
+inline hwy::AlignedFreeUniquePtr<float[]> NibbleOrder(const float* x, std::int64_t M, std::int64_t K,
+                                                       std::int64_t Kp, float scale) {
+  auto xd = hwy::AllocateAligned<float>(static_cast<std::size_t>(M * Kp));
+  std::fill(xd.get(), xd.get() + M * Kp, 0.0f);
+  constexpr auto S = static_cast<std::int64_t>(kStepWeights);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t k = 0; k < K; ++k)
+      xd[static_cast<std::size_t>(m * Kp + k / S * S + NibbleOrderIndex(k % S))] = x[m * K + k] * scale;
+  return xd;
+}
+
+// x as the fp4 kernel takes it: scaled by 2^-25 when that is exact for every x (no nonzero |x|
+// below 2^-101), which lets the kernel multiply by 2v * 2^24, the int8 table value spread to
+// the top byte, without shifting it down: the products x * 2^-25 * 2v * 2^24 are then exactly
+// x * v, rounded once. Otherwise x unscaled against 2v, the sums halved at the end.
+inline bool ScaleXForFp4(const float* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (a != 0.0f && a < 0x1p-101f) return false;
+  }
+  return true;
+}
+
+// x as the mxfp8 kernel takes it: times 2^(127-B) (the decode's rebias), when no finite x
+// overflows by it, so that every product is exact; empty otherwise (Inf and NaN scale to
+// themselves).
+inline std::vector<float> PrescaleForFp8(const float* x, std::int64_t n, float rebias) {
+  const float limit = std::numeric_limits<float>::max() / rebias;  // exact: rebias is a power of 2
+  for (std::int64_t i = 0; i < n; ++i)
+    if (std::fabs(x[i]) > limit && std::isfinite(x[i])) return {};
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = x[i] * rebias;
+  return out;
+}
+
+// Per row of x, the float32 sum of x over each group (affine's bias term), summed in k order.
+inline std::vector<float> GroupSums(const float* x, std::int64_t M, std::int64_t K, std::int64_t gs) {
+  std::vector<float> sums(static_cast<std::size_t>(M * (K / gs)), 0.0f);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t k = 0; k < K; ++k) sums[static_cast<std::size_t>(m * (K / gs) + k / gs)] += x[m * K + k];
+  return sums;
+}
+
+#if HWY_TARGET != HWY_SCALAR  // the fused kernels; the scalar target takes the generic path
+
+// ---- per weight row: factors ----
+
+// Float32 factors of a row's groups, exactly as dequantize forms them: E4M3 block scale (times
+// the three-level factor) for nvfp4, 2^(e-127) for mx. Entries [groups, padded) are 0.
+template <bool kNv, bool kThreeLevel>
+HWY_INLINE void DecodeFactors(const std::uint8_t* codes, std::int64_t groups, std::int64_t padded, float amax,
+                              float* out) {
+  const DF df;
+  const VF vamax = hn::Set(df, amax), c2688 = hn::Set(df, f32_from_bits(kC2688Bits));
+  auto decode = [&](const std::uint8_t* c, float* o) HWY_ATTR {
+    VF f = kNv ? DecodeE4M3(LoadBytes(c)) : DecodeE8M0(LoadBytes(c));
+    if constexpr (kThreeLevel) f = hn::Mul(hn::Mul(f, vamax), c2688);
+    hn::StoreU(f, df, o);
+  };
+  std::int64_t g = 0;
+  for (; g + static_cast<std::int64_t>(kN) <= groups; g += kN) decode(codes + g, out + g);
+  if (g < groups) {
+    alignas(64) std::uint8_t tail[kN] = {};
+    std::memcpy(tail, codes + g, static_cast<std::size_t>(groups - g));
+    decode(tail, out + g);
+  }
+  std::fill(out + groups, out + padded, 0.0f);
+}
+
+inline void DecodeFactors(const std::uint8_t* codes, std::int64_t groups, std::int64_t padded, const QuantSpec& s,
+                          float* out) {
+  if (s.mode != Mode::nvfp4) return DecodeFactors<false, false>(codes, groups, padded, 0.0f, out);
+  if (s.global_scale) return DecodeFactors<true, true>(codes, groups, padded, *s.global_scale, out);
+  DecodeFactors<true, false>(codes, groups, padded, 0.0f, out);
+}
+
+// n values of dtype t (float32, float16 or bfloat16) widened into out.
+HWY_INLINE void ToF32(const std::byte* p, DType t, std::int64_t n, float* out) {
+  std::int64_t i = 0;
+  const auto L = static_cast<std::int64_t>(kN);
+  for (; i + L <= n; i += L) {
+    const VF v = t == DType::float32   ? Load(reinterpret_cast<const float*>(p) + i)
+                 : t == DType::float16 ? Load(reinterpret_cast<const hwy::float16_t*>(p) + i)
+                                       : Load(reinterpret_cast<const hwy::bfloat16_t*>(p) + i);
+    hn::StoreU(v, DF(), out + i);
+  }
+  for (; i < n; ++i) out[i] = detail::load_f32(p + static_cast<std::size_t>(i) * dtype_size(t), t);
+}
+
+// ---- nvfp4 / mxfp4 ----
+
+// Twice the E2M1 values, as int8: a byte-table lookup every target has.
+alignas(16) constexpr std::int8_t kTwiceE2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Byte-shuffle controls spreading bytes 4j .. 4j+3 of each 128-bit block to the top byte (kTop:
+// signed values, then shifted down) or the low byte (unsigned) of the block's four 32-bit lanes;
+// 0x80 selects zero.
+struct Spreads {
+  alignas(16) std::uint8_t top[4][16];
+  alignas(16) std::uint8_t low[4][16];
+};
+constexpr Spreads MakeSpreads() {
+  Spreads t{};
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 4; ++i)
+      for (int byte = 0; byte < 4; ++byte) {
+        t.top[j][4 * i + byte] = static_cast<std::uint8_t>(byte == 3 ? 4 * j + i : 0x80);
+        t.low[j][4 * i + byte] = static_cast<std::uint8_t>(byte == 0 ? 4 * j + i : 0x80);
+      }
+  return t;
+}
+constexpr Spreads kSpreads = MakeSpreads();
+
+// The low and the high nibbles of kStepBytes code bytes, as byte vectors.
+HWY_INLINE void Nibbles(const std::uint8_t* codes, hn::Vec<D8>& low, hn::Vec<D8>& high) {
+  const D8 d8;
+  const auto bytes = hn::LoadU(d8, codes);
+  low = hn::And(bytes, hn::Set(d8, 0x0F));
+  high = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(D16(), bytes))), hn::Set(d8, 0x0F));
+}
+
+// Vector j of a looked-up nibble vector as float32: signed int8 values in the top byte of each
+// lane (kShifted: moved down, the value itself; else the value times 2^24), or unsigned codes.
+template <bool kShifted>
+HWY_INLINE VF SpreadSigned(hn::Vec<D8> bytes, std::size_t j) {
+  const VI spread = hn::BitCast(DI(), hn::TableLookupBytesOr0(bytes, hn::LoadDup128(D8(), kSpreads.top[j])));
+  return hn::ConvertTo(DF(), kShifted ? hn::ShiftRight<24>(spread) : spread);
+}
+HWY_INLINE VF SpreadUnsigned(hn::Vec<D8> bytes, std::size_t j) {
+  return hn::ConvertTo(DF(), hn::BitCast(DI(), hn::TableLookupBytesOr0(bytes, hn::LoadDup128(D8(), kSpreads.low[j]))));
+}
+
+// Sums of kM rows of x (nibble order, row stride Kp) against one nvfp4/mxfp4 weight row of Kp/2
+// code bytes (the caller pads the last step) with its factors (padded with kN zeros). Lanes of
+// vector j cover groups 2b + j/2 of the step (G = 16) or b (G = 32), so a table lookup spreads
+// the step's factors to their lanes. kScaledX: x holds x * 2^-25 (see ScaleXForFp4) and the
+// sums are the dot products; else they are twice them.
+template <int kM, std::size_t G, bool kScaledX>
+HWY_INLINE void Fp4Row(const std::uint8_t* codes, const float* factors, const float* xd, std::int64_t Kp,
+                       float* sums) {
+  const DF df;
+  const DI di;
+  const D8 d8;
+  const auto table = hn::LoadDup128(d8, reinterpret_cast<const std::uint8_t*>(kTwiceE2M1));
+  // Lane L = 4b + i: group 2b + j/2 (j/2 = 0 or 1) or b.
+  const VI block = hn::ShiftRight<2>(hn::Iota(di, 0));
+  const auto lanes_first = hn::IndicesFromVec(df, G == 16 ? hn::Add(block, block) : block);
+  const auto lanes_second = hn::IndicesFromVec(df, hn::Add(hn::Add(block, block), hn::Set(di, 1)));
+  static_assert(kStepWeights / G <= kN, "one vector holds the factors of a step");
+  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+  const std::uint8_t* const end = codes + Kp / 2;
+  for (const float* x = xd; codes != end; codes += kStepBytes, x += kStepWeights, factors += kStepWeights / G) {
+    hwy::Prefetch(codes + 2048);
+    hn::Vec<D8> low, high;
+    Nibbles(codes, low, high);
+    low = hn::TableLookupBytes(table, low);
+    high = hn::TableLookupBytes(table, high);
+    const VF step_factors = hn::LoadU(df, factors);
+    // t = sum over vectors j0 .. j0+count-1 of x * value (low and high), then acc += t * factor.
+    auto vectors = [&](std::size_t j0, std::size_t count, VF factor) HWY_ATTR {
+      VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
+      for (std::size_t j = j0; j < j0 + count; ++j) {
+        const VF even = SpreadSigned<!kScaledX>(low, j), odd = SpreadSigned<!kScaledX>(high, j);
+        Rows<kM>([&](auto m) HWY_ATTR {
+          VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
+          t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
+          t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
+        });
+      }
+      Rows<kM>([&](auto m) HWY_ATTR {
+        VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
+        a = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), factor, a);
+      });
+    };
+    if constexpr (G == 16) {
+      vectors(0, 2, hn::TableLookupLanes(step_factors, lanes_first));
+      vectors(2, 2, hn::TableLookupLanes(step_factors, lanes_second));
+    } else {
+      vectors(0, 4, hn::TableLookupLanes(step_factors, lanes_first));
+    }
+  }
+  Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+}
+
+// ---- mxfp8 ----
+
+// Sums of kM rows of x (natural order, stride K) against one mxfp8 row, decoding codes as if
+// none were NaN or Inf. kPrescaled: x holds x * 2^(127-B) (see PrescaleForFp8), so the decoded
+// bits multiply it directly: the products are exactly x * v, rounded once. Returns whether some code was (the caller then recomputes the row
+// exactly): E4M3 0x7F and 0xFF, E5M2 0x7C .. 0x7F and 0xFC .. 0xFF, found from the codes' largest
+// signed and unsigned bytes.
+template <int kM, bool kE5M2, bool kPrescaled>
+HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const float* x, std::int64_t K, float* sums) {
+  const DF df;
+  const hn::Repartition<std::int8_t, DF> di8;
+  constexpr int M = kE5M2 ? 2 : 3, B = kE5M2 ? 15 : 7;
+  constexpr auto kBytes = static_cast<std::int64_t>(hn::MaxLanes(hn::Repartition<std::int8_t, DF>()));
+  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+  auto max_signed = hn::Set(di8, -128);
+  auto max_unsigned = hn::Zero(D8());
+  auto track = [&](const std::uint8_t* c) HWY_ATTR {
+    max_signed = hn::Max(max_signed, hn::LoadU(di8, reinterpret_cast<const std::int8_t*>(c)));
+    max_unsigned = hn::Max(max_unsigned, hn::LoadU(D8(), c));
+  };
+  std::int64_t tracked = 0;  // codes [0, tracked) went through track()
+  for (std::int64_t k0 = 0; k0 < K; k0 += 32) {
+    hwy::Prefetch(codes + k0 + 2048);
+    if constexpr (kBytes <= 32) {
+      for (std::int64_t b = 0; b < 32; b += kBytes) track(codes + k0 + b);
+      tracked = k0 + 32;
+    } else if (k0 % kBytes == 0 && k0 + kBytes <= K) {
+      track(codes + k0);
+      tracked = k0 + kBytes;
+    }
+    VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
+    for (std::size_t k = 0; k < 32; k += kN) {
+      VF v = MinifloatBitsSigned<M>(
+          hn::PromoteTo(DI(), hn::LoadU(DQI8(), reinterpret_cast<const std::int8_t*>(codes + k0 + k))));
+      if constexpr (!kPrescaled) v = hn::Mul(v, hn::Set(df, Pow2(127 - B)));
+      Rows<kM>([&](auto m) HWY_ATTR {
+        VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
+        t = hn::MulAdd(hn::LoadU(df, x + m * K + k0 + k), v, t);
+      });
+    }
+    const VF f = hn::Set(df, factors[k0 / 32]);
+    Rows<kM>([&](auto m) HWY_ATTR {
+      VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
+      a = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), f, a);
+    });
+  }
+  Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+  constexpr int kHigh = kE5M2 ? 0x7B : 0x7E;  // magnitudes above it are special
+  for (std::int64_t k = tracked; k < K; ++k)
+    if ((codes[k] & 0x7F) > kHigh) return true;
+  // Positive codes: the largest signed byte; negative ones: the largest unsigned byte, less 0x80.
+  const auto negatives = hn::BitCast(di8, hn::Xor(max_unsigned, hn::Set(D8(), 0x80)));
+  return !hn::AllFalse(di8, hn::Gt(hn::Max(max_signed, negatives), hn::Set(di8, kHigh)));
+}
+
+// ---- affine, 4 and 8 bits: sum over groups of scale * sum_k x_k q_k ----
+// (the caller adds each group's bias times its sum of x)
+
+// 4-bit codes (low nibble first, as fp4) against x in nibble order, with the row's scales
+// (zero-padded by kN past the padding of the last step). Block b of every vector of a step holds
+// weights [32b, 32b + 32) of it, so a step's lanes span groups (32b) / gs of it (gs >= 32): its
+// partial sums take their scales by a table lookup, once per step.
+template <int kM>
+HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* xd,
+                           std::int64_t Kp, float* sums) {
+  const DF df;
+  const DI di;
+  int shift = 0;  // log2(gs / 32); gs is 32, 64 or 128
+  while ((32 << shift) < gs) ++shift;
+  const auto lanes = hn::IndicesFromVec(df, hn::ShiftRightSame(hn::ShiftRight<2>(hn::Iota(di, 0)), shift));
+  const int group_shift = shift + 5;
+  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+  for (std::int64_t s = 0; s < Kp; s += static_cast<std::int64_t>(kStepWeights)) {
+    hwy::Prefetch(codes + s / 2 + 2048);
+    hn::Vec<D8> low, high;
+    Nibbles(codes + s / 2, low, high);
+    const float* x = xd + s;
+    VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
+    for (std::size_t j = 0; j < 4; ++j) {
+      const VF even = SpreadUnsigned(low, j), odd = SpreadUnsigned(high, j);
+      Rows<kM>([&](auto m) HWY_ATTR {
+        VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
+        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
+        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
+      });
+    }
+    const VF f = hn::TableLookupLanes(hn::LoadU(df, scales + (s >> group_shift)), lanes);
+    Rows<kM>([&](auto m) HWY_ATTR {
+      VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
+      a = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), f, a);
+    });
+  }
+  Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+}
+
+// 8-bit codes against x in natural order.
+template <int kM>
+HWY_INLINE void Affine8Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* x,
+                           std::int64_t K, float* sums) {
+  const DF df;
+  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+  for (std::int64_t k0 = 0; k0 < K; k0 += gs) {
+    VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
+    for (std::int64_t k1 = k0; k1 < k0 + gs; k1 += 32) {  // groups are whole multiples of 32
+      hwy::Prefetch(codes + k1 + 2048);
+      for (std::size_t k = 0; k < 32; k += kN) {
+        const VF q = hn::ConvertTo(df, hn::BitCast(DI(), hn::PromoteTo(DU(), hn::LoadU(DQ8(), codes + k1 + k))));
+        Rows<kM>([&](auto m) HWY_ATTR {
+          VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
+          t = hn::MulAdd(hn::LoadU(df, x + m * K + k1 + k), q, t);
+        });
+      }
+    }
+    const VF f = hn::Set(df, scales[k0 / gs]);
+    Rows<kM>([&](auto m) HWY_ATTR {
+      VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
+      a = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), f, a);
+    });
+  }
+  Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// ---- any mode: a slice of the row decoded through dequantize, then dot products ----
+
+HWY_INLINE float Dot(const float* a, const float* b, std::int64_t n) {
+  const DF df;
+  const auto L = static_cast<std::int64_t>(kN);
+  VF s0 = hn::Zero(df), s1 = s0;
+  std::int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), s0);
+    s1 = hn::MulAdd(hn::LoadU(df, a + i + L), hn::LoadU(df, b + i + L), s1);
+  }
+  for (; i + L <= n; i += L) s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), s0);
+  float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(s0, s1)));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// Exact float32 values of W[r, c0 : c0 + n) (c0 and n multiples of the group) into out.
+HWY_INLINE void DecodeRow(const QuantizedMatrix& w, std::int64_t r, std::int64_t c0, std::int64_t n, float* out) {
+  const std::int64_t g = w.spec.group_size;
+  const std::int64_t first = r * (w.cols / g) + c0 / g;
+  const std::size_t ss = dtype_size(w.scale_dtype);
+  DequantizeBlocks(w.packed + first * g * w.spec.bits / 8, w.scales + static_cast<std::size_t>(first) * ss,
+                   w.biases ? w.biases + static_cast<std::size_t>(first) * ss : nullptr, w.scale_dtype, w.spec,
+                   DType::float32, 0, n / g, reinterpret_cast<std::byte*>(out));
+}
+
+constexpr std::int64_t kSlice = 1024;  // values of a row decoded at a time by the generic path
+
+template <int kM>
+HWY_INLINE void GenericRow(const QuantizedMatrix& w, std::int64_t n, const float* x, float* slice, float* sums) {
+  const std::int64_t K = w.cols;
+  for (int m = 0; m < kM; ++m) sums[m] = 0.0f;
+  for (std::int64_t k0 = 0; k0 < K; k0 += kSlice) {
+    const std::int64_t kc = std::min(kSlice, K - k0);
+    DecodeRow(w, n, k0, kc, slice);
+    for (int m = 0; m < kM; ++m) sums[m] += Dot(x + m * K + k0, slice, kc);
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// An extra 16-lane path for nvfp4 / mxfp4 behind the same dispatch (raw AVX-512: vpermps reading only the low 4 bits of an
+// index is what makes the decode cheap, and Highway's table lookups require in-range indices).
+// E2M1 codes index a 16-entry float table directly, against x rearranged once per call to match
+// the order the codes arrive in. Shuffles bound this loop on Zen 4 (dropping the byte-to-dword
+// widening took it from 1.8 to 1.3 ns per 32 weights), so the layout needs no other shuffle per
+// code. Scale factors for 16 groups are decoded in one vector and spread to the lanes of their
+// group by a table lookup.
+
+HWY_ALIGN constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// Float32 scale factors of 16 consecutive groups from their code bytes: E4M3 for nvfp4 (times
+// the three-level factor exactly as dequantize forms it), E8M0 for mx.
+HWY_INLINE __m512 ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) {
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m512 nan = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000));
+  if (s.mode == Mode::nvfp4) {
+    // The E4M3 magnitude bits placed at the f32 exponent/mantissa position are its value times
+    // 2^-120 (a subnormal f32 for subnormal codes), so one exact multiply rebiases them.
+    const __m512i magnitude = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
+    const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+    const __m512i bits =  // magnitude << 20 | (c << 24 & sign)
+        _mm512_ternarylogic_epi32(_mm512_slli_epi32(magnitude, 20), _mm512_slli_epi32(c, 24), sign, 0xF8);
+    __m512 sf = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
+    sf = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7F)), sf, nan);
+    if (s.global_scale)
+      sf = _mm512_mul_ps(_mm512_mul_ps(sf, _mm512_set1_ps(*s.global_scale)), _mm512_set1_ps(f32_from_bits(kC2688Bits)));
+    return sf;
+  }
+  // 2^(c - 127) from its bits; c = 0 is the subnormal 2^-127, c = 255 NaN.
+  __m512i bits = _mm512_slli_epi32(c, 23);
+  bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), bits,
+                                 _mm512_set1_epi32(0x00400000));
+  return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xFF)), _mm512_castsi512_ps(bits), nan);
+}
+
+
+// Where x[k] goes in the deinterleaved copy, given the row's 128-value blocks end at k128.
+//  - Inside a 128-value block, 64 code bytes load as 16 dwords with no shuffle: dword l holds the
+//    8 codes of k = 8l .. 8l+7, and shifting it right by 4j leaves code 8l+j in its low 4 bits,
+//    which is all vpermps reads. So x goes to [j][l] = x[8l + j].
+//  - The remaining 32-value chunks load 16 bytes widened to dwords: low nibbles are even k, high
+//    nibbles odd k, so x goes to [x0 x2 .. x30 | x1 x3 .. x31].
+inline std::int64_t DeinterleavedIndex(std::int64_t k, std::int64_t k128) {
+  if (k < k128) return k / 128 * 128 + (k % 8) * 16 + (k % 128) / 8;
+  return k / 32 * 32 + (k % 2) * 16 + (k % 32) / 2;
+}
+
+// Lane -> group of a 128-value block within the 16 groups whose factors are in one vector:
+// nvfp4 (16 per group) blocks b = 0, 1 use groups 8b + l/2; mx (32 per group) blocks b = 0..3
+// use groups 4b + l/4.
+struct SpreadTables {
+  HWY_ALIGN std::uint32_t nvfp4[2][16];
+  HWY_ALIGN std::uint32_t mx[4][16];
+  HWY_ALIGN std::uint32_t nvfp4_chunk[16];  // a 32-value chunk: groups 0 (lanes 0-7) and 1
+};
+constexpr SpreadTables MakeSpreadTables() {
+  SpreadTables t{};
+  for (std::uint32_t l = 0; l < 16; ++l) {
+    for (std::uint32_t b = 0; b < 2; ++b) t.nvfp4[b][l] = 8 * b + l / 2;
+    for (std::uint32_t b = 0; b < 4; ++b) t.mx[b][l] = 4 * b + l / 4;
+    t.nvfp4_chunk[l] = l / 8;
+  }
+  return t;
+}
+constexpr SpreadTables kSpread = MakeSpreadTables();
+
+// Float32 factors of groups [g, g + 16) of a row, zero-padded past its last group.
+HWY_INLINE __m512 RowFactors(const std::uint8_t* row_codes, std::int64_t groups, std::int64_t g, const QuantSpec& s) {
+  if (groups - g >= 16) return ScaleFactors16(row_codes + g, s);
+  HWY_ALIGN std::uint8_t tail[16] = {};
+  std::memcpy(tail, row_codes + g, static_cast<std::size_t>(groups - g));
+  return ScaleFactors16(tail, s);
+}
+
+// Rows [n0, n1) of an nvfp4 / mxfp4 W against kM rows of x laid out by DeinterleavedIndex. Per
+// block, t = sum of x times E2M1 values, then acc += t * (factor of each lane's group).
+template <int kM, bool kNv>
+void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1, const float* bias,
+                 float* y) {
+  constexpr std::int64_t kGroup = kNv ? 16 : 32;
+  constexpr std::int64_t kBlocksPerFactors = kNv ? 2 : 4;  // 128-value blocks covered by 16 groups
+  const std::int64_t K = w.cols, N = w.rows;
+  const std::int64_t groups = K / kGroup;
+  const std::int64_t blocks = K / 128;
+  const std::uint32_t(*spread)[16] = kNv ? kSpread.nvfp4 : kSpread.mx;
+  const __m512 table = _mm512_load_ps(kE2M1Values);
+  for (std::int64_t n = n0; n < n1; ++n) {
+    const std::uint8_t* p = w.packed + n * (K / 2);
+    const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;
+    __m512 acc[kM];
+    for (int m = 0; m < kM; ++m) acc[m] = _mm512_setzero_ps();
+    for (std::int64_t b0 = 0; b0 < blocks; b0 += kBlocksPerFactors) {
+      const __m512 factors = RowFactors(sc, groups, b0 * 128 / kGroup, w.spec);
+      _mm_prefetch(reinterpret_cast<const char*>(sc + b0 * 128 / kGroup + 512), _MM_HINT_T0);
+      const std::int64_t b1 = std::min(blocks, b0 + kBlocksPerFactors);
+      for (std::int64_t b = b0; b < b1; ++b) {
+        const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[b - b0]), factors);
+        // Software prefetch a few KB ahead: one core's hardware prefetch alone left the DRAM
+        // stream short of the two-thread bandwidth.
+        _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T0);
+        const __m512i codes = _mm512_loadu_si512(p + b * 64);
+        // Two partial sums per row of x halve the FMA dependency chain of a block.
+        __m512 t0[kM], t1[kM];
+        auto step = [&](auto j) HWY_ATTR {
+          constexpr int kJ = decltype(j)::value;
+          const __m512 v = _mm512_permutexvar_ps(kJ ? _mm512_srli_epi32(codes, 4 * kJ) : codes, table);
+          for (int m = 0; m < kM; ++m) {
+            const __m512 xj = _mm512_load_ps(xd + m * K + b * 128 + 16 * kJ);
+            __m512& t = kJ % 2 ? t1[m] : t0[m];
+            t = kJ < 2 ? _mm512_mul_ps(xj, v) : _mm512_fmadd_ps(xj, v, t);
+          }
+        };
+        step(std::integral_constant<int, 0>{}), step(std::integral_constant<int, 1>{});
+        step(std::integral_constant<int, 2>{}), step(std::integral_constant<int, 3>{});
+        step(std::integral_constant<int, 4>{}), step(std::integral_constant<int, 5>{});
+        step(std::integral_constant<int, 6>{}), step(std::integral_constant<int, 7>{});
+        for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(_mm512_add_ps(t0[m], t1[m]), f, acc[m]);
+      }
+    }
+    // Leftover 32-value chunks (K not a multiple of 128).
+    for (std::int64_t c = blocks * 4; c < K / 32; ++c) {
+      const std::int64_t g = c * 32 / kGroup;
+      const __m512 chunk_factors = RowFactors(sc, groups, g, w.spec);
+      const __m512 f = kNv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk), chunk_factors)
+                          : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 16)));
+      const __m512 even = _mm512_permutexvar_ps(bytes, table);
+      const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+      for (int m = 0; m < kM; ++m) {
+        const __m512 t = _mm512_fmadd_ps(_mm512_load_ps(xd + m * K + c * 32 + 16), odd,
+                                         _mm512_mul_ps(_mm512_load_ps(xd + m * K + c * 32), even));
+        acc[m] = _mm512_fmadd_ps(t, f, acc[m]);
+      }
+    }
+    for (int m = 0; m < kM; ++m) {
+      const float v = _mm512_reduce_add_ps(acc[m]);
+      y[m * N + n] = bias ? v + bias[n] : v;
+    }
+  }
+}
+
+// x rearranged once per call for the AVX-512 path, then rows of x in passes of up to 4.
+inline void GemvFp4Avx512(const float* x, std::int64_t M, const QuantizedMatrix& w, const float* bias, float* y) {
+  const std::int64_t K = w.cols, N = w.rows;
+  auto xd = hwy::AllocateAligned<float>(static_cast<std::size_t>(M * K));
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t k = 0; k < K; ++k)
+      xd[static_cast<std::size_t>(m * K + DeinterleavedIndex(k, K / 128 * 128))] = x[m * K + k];
+  const bool nv = w.spec.mode == Mode::nvfp4;
+  parallel_for(N, kGemvGrain, [&](std::int64_t n0, std::int64_t n1) {
+    for (std::int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+      const float* xm = xd.get() + m0 * K;
+      float* ym = y + m0 * N;
+      auto rows = [&](auto m) HWY_ATTR {
+        constexpr int kM = decltype(m)::value;
+        return nv ? GemvRowsFp4Avx512<kM, true>(xm, w, n0, n1, bias, ym)
+                  : GemvRowsFp4Avx512<kM, false>(xm, w, n0, n1, bias, ym);
+      };
+      switch (std::min<std::int64_t>(kRowsPerPass, M - m0)) {
+        case 1: rows(std::integral_constant<int, 1>{}); break;
+        case 2: rows(std::integral_constant<int, 2>{}); break;
+        case 3: rows(std::integral_constant<int, 3>{}); break;
+        default: rows(std::integral_constant<int, 4>{}); break;
+      }
+    }
+  });
+}
+#endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+
+// ---- the GEMV over rows of W ----
+
+enum class GemvKernel { fp4, fp8, affine4, affine8, generic };
+
+inline GemvKernel KernelFor(const QuantSpec& s) {
+  if (HWY_TARGET == HWY_SCALAR) return GemvKernel::generic;
+  switch (s.mode) {
+    case Mode::nvfp4:
+    case Mode::mxfp4:
+      return GemvKernel::fp4;
+    case Mode::mxfp8:
+      return GemvKernel::fp8;
+    case Mode::affine:
+      return s.bits == 4 ? GemvKernel::affine4 : s.bits == 8 ? GemvKernel::affine8 : GemvKernel::generic;
+  }
+  return GemvKernel::generic;
+}
+
+// x and what every row needs of it, prepared once per call.
+struct GemvInput {
+  const QuantizedMatrix* w;
+  GemvKernel kernel;
+  const float* x;           // [M, K]
+  const float* xd;          // nibble order [M, Kp]: fp4 and affine4
+  bool scaled_x;            // fp4: xd holds x * 2^-25
+  const float* x_prescaled; // mxfp8: x * 2^(127-B) when exact (PrescaleForFp8), else null
+  const float* group_sums;  // [M, K/gs]: affine
+  std::int64_t Kp;
+  const float* bias;
+  float* y;                 // [M, N]
+};
+
+// W rows [n0, n1) against rows [m0, m0 + kM) of x.
+template <int kM>
+void GemvRows(const GemvInput& in, std::int64_t m0, std::int64_t n0, std::int64_t n1) {
+  const QuantizedMatrix& w = *in.w;
+  const QuantSpec& s = w.spec;
+  const std::int64_t K = w.cols, N = w.rows, gs = s.group_size, groups = K / gs;
+  const std::int64_t padded_groups = in.Kp / gs + 1;
+  [[maybe_unused]] const std::size_t ss = dtype_size(w.scale_dtype);
+  [[maybe_unused]] const auto* scale_codes = reinterpret_cast<const std::uint8_t*>(w.scales);
+  const bool padded = in.Kp != K && (in.kernel == GemvKernel::fp4 || in.kernel == GemvKernel::affine4);
+  auto factors = hwy::AllocateAligned<float>(static_cast<std::size_t>(padded_groups) + 2 * kN);
+  auto biases = hwy::AllocateAligned<float>(static_cast<std::size_t>(groups));
+  auto slice = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::min(K, kSlice)));
+  // Rows are contiguous, so a row whose last step is partial is read from a zero-padded copy.
+  const auto row_bytes = static_cast<std::size_t>(padded ? in.Kp / 2 : 1);
+  auto row = hwy::AllocateAligned<std::uint8_t>(row_bytes);
+  std::memset(row.get(), 0, row_bytes);
+  const float* x = in.x + m0 * K;
+  [[maybe_unused]] const float* xd = in.xd ? in.xd + m0 * in.Kp : nullptr;
+  float sums[kRowsPerPass];
+  for (std::int64_t n = n0; n < n1; ++n) {
+    const std::uint8_t* codes = w.packed + n * (K * s.bits / 8);
+    if (padded) {
+      std::memcpy(row.get(), codes, static_cast<std::size_t>(K / 2));
+      codes = row.get();
+    }
+    switch (in.kernel) {
+#if HWY_TARGET != HWY_SCALAR
+      case GemvKernel::fp4:
+        DecodeFactors(scale_codes + n * groups, groups, padded_groups + kN, s, factors.get());
+        if (in.scaled_x) {
+          if (s.mode == Mode::nvfp4)
+            Fp4Row<kM, 16, true>(codes, factors.get(), xd, in.Kp, sums);
+          else
+            Fp4Row<kM, 32, true>(codes, factors.get(), xd, in.Kp, sums);
+        } else {
+          if (s.mode == Mode::nvfp4)
+            Fp4Row<kM, 16, false>(codes, factors.get(), xd, in.Kp, sums);
+          else
+            Fp4Row<kM, 32, false>(codes, factors.get(), xd, in.Kp, sums);
+          for (int m = 0; m < kM; ++m) sums[m] *= 0.5f;  // the table holds twice the values
+        }
+        break;
+      case GemvKernel::fp8: {
+        DecodeFactors(scale_codes + n * groups, groups, padded_groups + kN, s, factors.get());
+        const float* xs = in.x_prescaled ? in.x_prescaled + m0 * K : x;
+        const bool special = s.elem == Elem::e5m2
+                                 ? (in.x_prescaled ? Fp8Row<kM, true, true>(codes, factors.get(), xs, K, sums)
+                                                   : Fp8Row<kM, true, false>(codes, factors.get(), xs, K, sums))
+                                 : (in.x_prescaled ? Fp8Row<kM, false, true>(codes, factors.get(), xs, K, sums)
+                                                   : Fp8Row<kM, false, false>(codes, factors.get(), xs, K, sums));
+        if (special) GenericRow<kM>(w, n, x, slice.get(), sums);  // NaN or Inf codes: the exact decode
+        break;
+      }
+      case GemvKernel::affine4:
+      case GemvKernel::affine8: {
+        ToF32(w.scales + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, factors.get());
+        ToF32(w.biases + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, biases.get());
+        std::fill(factors.get() + groups, factors.get() + padded_groups + 2 * kN, 0.0f);
+        if (in.kernel == GemvKernel::affine4)
+          Affine4Row<kM>(codes, factors.get(), gs, xd, in.Kp, sums);
+        else
+          Affine8Row<kM>(codes, factors.get(), gs, x, K, sums);
+        for (int m = 0; m < kM; ++m) sums[m] += Dot(biases.get(), in.group_sums + (m0 + m) * groups, groups);
+        break;
+      }
+#endif
+      default:
+        GenericRow<kM>(w, n, x, slice.get(), sums);
+        break;
+    }
+    for (int m = 0; m < kM; ++m) in.y[(m0 + m) * N + n] = in.bias ? sums[m] + in.bias[n] : sums[m];
+  }
+}
+
+// y [M, N] = x [M, K] @ W^T (+ bias), M <= kGemvMaxRows.
+inline void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const float* bias, float* y) {
+  const std::int64_t K = w.cols, N = w.rows;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if ((w.spec.mode == Mode::nvfp4 || w.spec.mode == Mode::mxfp4) && K % 32 == 0)
+    return GemvFp4Avx512(x, M, w, bias, y);
+#endif
+  GemvInput in{&w, KernelFor(w.spec), x, nullptr, false, nullptr, nullptr, K, bias, y};
+  hwy::AlignedFreeUniquePtr<float[]> xd;
+  std::vector<float> group_sums;
+  if (in.kernel == GemvKernel::fp4 || in.kernel == GemvKernel::affine4) {
+    const auto S = static_cast<std::int64_t>(kStepWeights);
+    in.Kp = (K + S - 1) / S * S;
+    in.scaled_x = in.kernel == GemvKernel::fp4 && ScaleXForFp4(x, M * K);
+    xd = NibbleOrder(x, M, K, in.Kp, in.scaled_x ? 0x1p-25f : 1.0f);
+    in.xd = xd.get();
+  }
+  std::vector<float> x_prescaled;
+  if (in.kernel == GemvKernel::fp8) {
+    x_prescaled = PrescaleForFp8(x, M * K, w.spec.elem == Elem::e5m2 ? 0x1p112f : 0x1p120f);
+    if (!x_prescaled.empty()) in.x_prescaled = x_prescaled.data();
+  }
+  if (w.spec.mode == Mode::affine) {
+    group_sums = GroupSums(x, M, K, w.spec.group_size);
+    in.group_sums = group_sums.data();
+  }
+  parallel_for(N, kGemvGrain, [&](std::int64_t n0, std::int64_t n1) {
+    for (std::int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+      switch (std::min<std::int64_t>(kRowsPerPass, M - m0)) {
+        case 1: GemvRows<1>(in, m0, n0, n1); break;
+        case 2: GemvRows<2>(in, m0, n0, n1); break;
+        case 3: GemvRows<3>(in, m0, n0, n1); break;
+        default: GemvRows<4>(in, m0, n0, n1); break;
+      }
+    }
+  });
+}
+
+}  // namespace microscale::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // MICROSCALE_CPU_GEMV_INL_H_

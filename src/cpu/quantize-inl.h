@@ -1,0 +1,407 @@
+// Quantize kernels of one target (Highway -inl.h, included per target).
+//
+// Bit-identical to reference::quantize: every float operation is the reference's, in its order,
+// on the same f32 values (f16/bf16 are widened exactly in registers); only the branches of the
+// scalar codecs become integer bit arithmetic and selects. Blocks never straddle rows and the
+// packed values and compact scales of consecutive rows are contiguous, so the tensor is one flat
+// sequence of blocks.
+//
+// Per tile of N blocks (N = f32 lanes), pass 1 reduces each block to the integer max of its |x|
+// bit patterns, one block per lane; the scales of all N blocks are then computed at once, and
+// pass 2 re-reads the tile (from L1) to encode the elements, split into even- and odd-indexed
+// ones since codes are packed by element pairs.
+
+#if defined(MICROSCALE_CPU_QUANTIZE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MICROSCALE_CPU_QUANTIZE_INL_H_
+#undef MICROSCALE_CPU_QUANTIZE_INL_H_
+#else
+#define MICROSCALE_CPU_QUANTIZE_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/convert.hpp"
+#include "cpu/simd-inl.h"
+#include "microscale/format.hpp"
+#include "microscale/tensor.hpp"
+#include "reference/reference.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace microscale::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET == HWY_SCALAR
+
+// Single-lane vectors gain nothing: widen a few blocks at a time and run the reference.
+inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
+                    std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+  constexpr std::int64_t kChunk = 64;
+  const std::int64_t G = spec.group_size;
+  const std::int64_t block_bytes = G * spec.bits / 8;
+  const std::size_t esize = dtype_size(src);
+  const std::size_t ssize = spec.mode == Mode::affine ? esize : 1;
+  float buf[kChunk * 128];
+  for (std::int64_t b = b0; b < b1; b += kChunk) {
+    const std::int64_t nb = std::min(kChunk, b1 - b);
+    const auto* in = static_cast<const std::byte*>(x) + static_cast<std::size_t>(b * G) * esize;
+    // NaNs made quiet: the reference's 'saturate' amax (glibc fmaxf) does not skip signaling ones.
+    for (std::int64_t i = 0; i < nb * G; ++i) {
+      const float v = detail::load_f32(in + static_cast<std::size_t>(i) * esize, src);
+      buf[i] = std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v;
+    }
+    std::memset(packed + b * block_bytes, 0, static_cast<std::size_t>(nb * block_bytes));  // the reference ORs bits in
+    reference::quantize(buf, nb, G, src, spec, packed + b * block_bytes, scales + static_cast<std::size_t>(b) * ssize,
+                        biases ? biases + static_cast<std::size_t>(b) * ssize : nullptr);
+  }
+}
+
+#else
+
+// 2N consecutive values split into the even- and the odd-indexed ones (pass 2 packs element
+// pairs, so it never needs them interleaved back). bf16 pairs are one 32-bit word: the low half
+// shifted up is the even value and the masked high half the odd one.
+HWY_INLINE void LoadPairs(const float* p, VF& even, VF& odd) {
+  const VF a = Load(p), b = Load(p + kN);
+  even = hn::ConcatEven(DF(), b, a);
+  odd = hn::ConcatOdd(DF(), b, a);
+}
+HWY_INLINE void LoadPairs(const hwy::float16_t* p, VF& even, VF& odd) {
+  const VF a = Load(p), b = Load(p + kN);
+  even = hn::ConcatEven(DF(), b, a);
+  odd = hn::ConcatOdd(DF(), b, a);
+}
+HWY_INLINE void LoadPairs(const hwy::bfloat16_t* p, VF& even, VF& odd) {
+  const DU du;
+  const auto w = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
+  even = hn::BitCast(DF(), hn::ShiftLeft<16>(w));
+  odd = hn::BitCast(DF(), hn::And(w, hn::Set(du, 0xFFFF0000u)));
+}
+
+// |x| as an int32 bit pattern orders like |x|, with Inf above every finite value and NaN above
+// Inf, so one integer max per block gives the block amax and whether the block is finite.
+// 'saturate' skips NaN (as fmaxf) by zeroing it first.
+template <bool kSat>
+HWY_INLINE VI AbsBits(VF x) {
+  const DI di;
+  const VI a = hn::And(hn::BitCast(di, x), hn::Set(di, 0x7FFFFFFF));
+  if (!kSat) return a;
+  return hn::IfThenZeroElse(hn::Gt(a, hn::Set(di, kInfBits)), a);
+}
+
+// Lane b = max |x| bits of block b of the tile x (N blocks of G): a plain max within each block,
+// then a transposing one across blocks.
+template <std::size_t G, bool kSat, class T>
+HWY_INLINE VI BlockMaxBits(const T* x) {
+  return TransposedMax<0, kN>(DI(), [x](std::size_t b) HWY_ATTR {
+    VI m = AbsBits<kSat>(Load(x + b * G));
+    for (std::size_t v = kN; v < G; v += kN) m = hn::Max(m, AbsBits<kSat>(Load(x + b * G + v)));
+    return m;
+  });
+}
+
+// bf16 bits widen to f32 bits by a shift, which keeps their order: reduce the 16-bit patterns
+// (twice the lanes) to half-block runs, then merge the two halves of each 32-bit lane.
+template <std::size_t G, bool kSat>
+HWY_INLINE VI BlockMaxBits(const hwy::bfloat16_t* x) {
+  const hn::Repartition<std::int16_t, DF> d16;
+  const VI h = hn::BitCast(DI(), TransposedMax<0, G / 2>(d16, [x, d16](std::size_t v) HWY_ATTR {
+    const auto a = hn::And(hn::LoadU(d16, reinterpret_cast<const std::int16_t*>(x) + v * 2 * kN), hn::Set(d16, 0x7FFF));
+    return kSat ? hn::IfThenZeroElse(hn::Gt(a, hn::Set(d16, 0x7F80)), a) : a;
+  }));
+  return hn::Max(hn::ShiftLeft<16>(h), hn::And(h, hn::Set(DI(), static_cast<std::int32_t>(0xFFFF0000u))));
+}
+
+// Lanes of blocks holding NaN or Inf ('propagate' and 'error'; 'saturate' keeps them).
+template <bool kSat>
+HWY_INLINE auto NonFiniteBlocks(VI bm) {
+  const DI di;
+  return hn::Gt(bm, hn::Set(di, kSat ? 0x7FFFFFFF : kInfBits - 1));
+}
+
+// Elements of a tile times their block's factor, encoded pair by pair.
+template <class F, std::size_t G, bool kSat, bool kClamp, class T>
+HWY_INLINE void EncodePairs(const T* x, const float* factor, std::uint8_t* packed) {
+  static_assert(2 * kN <= 2 * G && G % 8 == 0, "a pair spans at most two blocks; tiles hold whole quads");
+  const DF df;
+  auto pair_codes = [&](std::size_t e) HWY_ATTR {
+    VF f;
+    if constexpr (2 * kN <= G) {
+      f = hn::Set(df, factor[e / G]);
+    } else {  // lanes 0..N/2-1 hold elements of block e/G, the others of the next one
+      const hn::Half<DF> dh;
+      f = hn::Combine(df, hn::Set(dh, factor[e / G + 1]), hn::Set(dh, factor[e / G]));
+    }
+    VF even, odd;
+    LoadPairs(x + e, even, odd);
+    return PairCodes<F, kSat, kClamp>(hn::Mul(even, f), hn::Mul(odd, f));
+  };
+  for (std::size_t q = 0; q < kN * G; q += 8 * kN)
+    StoreQuad<F>(pair_codes(q), pair_codes(q + 2 * kN), pair_codes(q + 4 * kN), pair_codes(q + 6 * kN),
+                 packed + q * F::BITS / 8);
+}
+
+// Pass 2 of a tile, factor[b] = 1/scale of block b with maxima bm: the clamp to the format's max
+// is only needed when some fl(bamax * factor) may round past it (saturating scales, clipping
+// rules, Inf/NaN). Blocks whose scale byte is nan_scale (non-finite blocks under 'propagate')
+// get all-zero codes instead.
+template <class F, std::size_t G, bool kSat, class T>
+HWY_INLINE void EncodeTile(const T* x, VF factors, VI bm, const std::uint8_t* scales, std::uint8_t nan_scale,
+                           bool any_bad, std::uint8_t* packed) {
+  const DF df;
+  alignas(64) float factor[kN];
+  hn::Store(factors, df, factor);
+  const VF ymax = hn::Mul(hn::BitCast(df, bm), factors);  // NaN for NaN blocks: no clamp needed there
+  if (hn::AllFalse(df, hn::Ge(ymax, hn::Set(df, F::ROUNDS_TO_MAX))))
+    EncodePairs<F, G, kSat, false>(x, factor, packed);
+  else
+    EncodePairs<F, G, kSat, true>(x, factor, packed);
+  if (!any_bad) return;
+  constexpr std::size_t kBlockBytes = G * F::BITS / 8;
+  for (std::size_t b = 0; b < kN; ++b)
+    if (scales[b] == nan_scale) std::memset(packed + b * kBlockBytes, 0, kBlockBytes);
+}
+
+// ---- nvfp4 (FORMATS.md 2.1) ----
+
+struct Nvfp4 {
+  float s_enc_c6;  // fl(S_enc * C6); C6 for two-level, where S_enc = S_dec = 1
+  float s_dec;
+};
+
+inline Nvfp4 Nvfp4Factors(const QuantSpec& spec) {
+  const float c6 = f32_from_bits(kC6Bits);
+  if (!spec.global_scale) return {c6, 1.0f};
+  const float amax = *spec.global_scale;
+  float s_enc = std::fmin(2688.0f / amax, kFltMax);
+  if (amax == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
+  return {s_enc * c6, 1.0f / s_enc};
+}
+
+// Two-level is three-level with S_enc = S_dec = 1: bamax*C6 and 1/(sf*1) are the same single
+// roundings, and fminf changes nothing the E4M3 encoder does not already saturate.
+template <bool kSat, class T>
+HWY_INLINE void Nvfp4Tile(const T* x, const Nvfp4& p, std::uint8_t* packed, std::uint8_t* scales) {
+  const DF df;
+  const DI di;
+  const VI bm = BlockMaxBits<16, kSat>(x);
+  const VF t = hn::Min(hn::Mul(hn::BitCast(df, bm), hn::Set(df, p.s_enc_c6)), hn::Set(df, kFltMax));
+  VI s = RoundMagnitude<E4M3>(hn::BitCast(di, t));
+  // val(s): the code's bits at f32 mantissa/exponent position times 2^120 (exact, subnormals too).
+  const VF sf = hn::Mul(hn::BitCast(df, hn::ShiftLeft<20>(s)), hn::Set(df, 0x1p120f));
+  const VF enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, p.s_dec))), hn::Set(df, kFltMax));
+  const auto bad = NonFiniteBlocks<kSat>(bm);
+  s = hn::IfThenElse(bad, hn::Set(di, 0x7F), s);
+  StoreBytes(s, scales);
+  EncodeTile<E2M1, 16, kSat>(x, enc, bm, scales, 0x7F, !hn::AllFalse(di, bad), packed);
+}
+
+// ---- mxfp4 / mxfp8 (FORMATS.md 2.2) ----
+
+// MLX's rule needs log2f: scalar per block, the reference's operations.
+template <class F>
+std::uint8_t NearestScale(float bamax, DType src) {
+  const float a = detail::round_to(bamax / F::MAX, src);
+  if (a == 0.0f) return 0x7F;
+  const float l = detail::round_to(std::log2(a), src);
+  return static_cast<std::uint8_t>(std::clamp(std::nearbyint(l) + 127.0f, 0.0f, 254.0f));
+}
+
+template <class F>
+HWY_INLINE VI E8m0Scales(VI bm, ScaleRule rule, DType src) {
+  const DF df;
+  const DI di;
+  switch (rule) {
+    case ScaleRule::ceil: {
+      const VI v = hn::BitCast(di, hn::Mul(hn::BitCast(df, bm), hn::Set(df, f32_from_bits(F::C_MAX_BITS))));
+      const VI e = hn::ShiftRight<23>(v);
+      const VI mant = hn::And(v, hn::Set(di, 0x7FFFFF));
+      // Round up when mant != 0, except at exponent 0 up to the 2^-127 midpoint; Inf -> 0xFE.
+      const VI keep = hn::IfThenElseZero(hn::Eq(e, hn::Zero(di)), hn::Set(di, 0x400000));
+      const VI up = hn::VecFromMask(di, hn::Gt(mant, keep));
+      return hn::Min(hn::Sub(e, up), hn::Set(di, 0xFE));
+    }
+    case ScaleRule::floor:
+      return hn::Max(hn::Sub(hn::ShiftRight<23>(bm), hn::Set(di, F::EMAX)), hn::Zero(di));
+    case ScaleRule::even: {
+      const VI b = hn::Add(bm, hn::Set(di, 1 << (22 - F::M)));
+      const VI e = hn::Sub(hn::ShiftRight<23>(b), hn::Set(di, F::EMAX));
+      return hn::Min(hn::Max(e, hn::Zero(di)), hn::Set(di, 254));
+    }
+    case ScaleRule::nearest: {
+      alignas(64) std::int32_t lanes[kN];
+      hn::Store(bm, di, lanes);
+      for (std::size_t b = 0; b < kN; ++b)  // NaN blocks ('propagate') get 0xFF later
+        lanes[b] = lanes[b] > kInfBits ? 0 : NearestScale<F>(f32_from_bits(static_cast<std::uint32_t>(lanes[b])), src);
+      return hn::Load(di, lanes);
+    }
+  }
+  return hn::Set(di, 0xFF);
+}
+
+template <class F, bool kSat, class T>
+HWY_INLINE void MxTile(const T* x, ScaleRule rule, DType src, std::uint8_t* packed, std::uint8_t* scales) {
+  const DI di;
+  const VI bm = BlockMaxBits<32, kSat>(x);
+  VI e = E8m0Scales<F>(bm, rule, src);
+  // 2^(127-e) from bits: (254-e) << 23, and the subnormal 2^-127 for e = 254.
+  const VI r = hn::IfThenElse(hn::Eq(e, hn::Set(di, 254)), hn::Set(di, 0x400000),
+                              hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 254), e)));
+  const auto bad = NonFiniteBlocks<kSat>(bm);
+  e = hn::IfThenElse(bad, hn::Set(di, 0xFF), e);
+  StoreBytes(e, scales);
+  EncodeTile<F, 32, kSat>(x, hn::BitCast(DF(), r), bm, scales, 0xFF, !hn::AllFalse(di, bad), packed);
+}
+
+// Runs tile(x, packed, scales) over blocks [b0, b1); the last partial tile goes through a
+// zero-padded copy.
+template <std::size_t G, std::size_t kBits, class T, class Tile>
+HWY_INLINE void TiledBlocks(const T* x, std::int64_t b0, std::int64_t b1, std::uint8_t* packed, std::uint8_t* scales,
+                            const Tile& tile) {
+  constexpr std::size_t kBlockBytes = G * kBits / 8;
+  std::int64_t b = b0;
+  for (; b + static_cast<std::int64_t>(kN) <= b1; b += kN)
+    tile(x + b * G, packed + b * kBlockBytes, scales + b);
+  if (b == b1) return;
+  const auto rem = static_cast<std::size_t>(b1 - b);
+  alignas(64) T xin[kN * G] = {};
+  std::uint8_t pout[kN * kBlockBytes];
+  std::uint8_t sout[kN];
+  std::memcpy(xin, x + b * G, rem * G * sizeof(T));
+  tile(xin, pout, sout);
+  std::memcpy(packed + b * kBlockBytes, pout, rem * kBlockBytes);
+  std::memcpy(scales + b, sout, rem);
+}
+
+template <bool kSat, class T>
+void FpBlocks(const T* x, const QuantSpec& spec, DType src, std::int64_t b0, std::int64_t b1, std::uint8_t* packed,
+              std::uint8_t* scales) {
+  const ScaleRule rule = spec.scale_rule;
+  switch (spec.mode) {
+    case Mode::nvfp4: {
+      const Nvfp4 p = Nvfp4Factors(spec);
+      TiledBlocks<16, 4>(x, b0, b1, packed, scales,
+                         [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) { Nvfp4Tile<kSat>(xt, p, pt, st); });
+      break;
+    }
+    case Mode::mxfp4:
+      TiledBlocks<32, 4>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) {
+        MxTile<E2M1, kSat>(xt, rule, src, pt, st);
+      });
+      break;
+    case Mode::mxfp8:
+      if (spec.elem == Elem::e5m2)
+        TiledBlocks<32, 8>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) {
+          MxTile<E5M2, kSat>(xt, rule, src, pt, st);
+        });
+      else
+        TiledBlocks<32, 8>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) {
+          MxTile<E4M3, kSat>(xt, rule, src, pt, st);
+        });
+      break;
+    case Mode::affine:
+      break;
+  }
+}
+
+// ---- affine (FORMATS.md 2.3): one group at a time, min/max and codes in vectors ----
+
+// Appends `bits`-wide codes to an LSB-first bit stream (whole bytes: n * bits % 8 == 0).
+inline void PackBits(const std::int32_t* codes, int n, int bits, std::uint8_t* out) {
+  std::uint64_t acc = 0;
+  int filled = 0;
+  for (int i = 0; i < n; ++i) {
+    acc |= static_cast<std::uint64_t>(codes[i]) << filled;
+    for (filled += bits; filled >= 8; filled -= 8, acc >>= 8) *out++ = static_cast<std::uint8_t>(acc);
+  }
+}
+
+template <class T>
+void AffineGroups(const T* x, const QuantSpec& spec, DType src, std::int64_t g0, std::int64_t g1,
+                  std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+  const DF df;
+  const DI di;
+  const int gs = spec.group_size;
+  const int bits = spec.bits;
+  const std::size_t group_bytes = static_cast<std::size_t>(gs * bits / 8);
+  const std::size_t ssize = dtype_size(src);
+  const float n = static_cast<float>((1 << bits) - 1);
+  alignas(64) std::int32_t codes[128];
+  for (std::int64_t g = g0; g < g1; ++g) {
+    const T* w = x + g * gs;
+    std::uint8_t* out = packed + static_cast<std::size_t>(g) * group_bytes;
+    std::byte* sp = scales + static_cast<std::size_t>(g) * ssize;
+    std::byte* bp = biases + static_cast<std::size_t>(g) * ssize;
+    VF vmax = Load(w), vmin = vmax;
+    VI bm = AbsBits<false>(vmax);
+    for (int i = static_cast<int>(kN); i < gs; i += static_cast<int>(kN)) {
+      const VF v = Load(w + i);
+      vmax = hn::Max(vmax, v);
+      vmin = hn::Min(vmin, v);
+      bm = hn::Max(bm, AbsBits<false>(v));
+    }
+    if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) {  // 'saturate' has no affine form: propagate
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      detail::store_f32(nan, src, sp);
+      detail::store_f32(nan, src, bp);
+      std::memset(out, 0, group_bytes);
+      continue;
+    }
+    // The signs of zero extremes differ from the reference's scan order but reach no output.
+    const float wmax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    const float wmin = hn::GetLane(hn::MinOfLanes(df, vmin));
+    const bool neg = std::fabs(wmin) > std::fabs(wmax);
+    float scale = std::fmax((wmax - wmin) / n, 1e-7f);
+    if (!neg) scale = -scale;
+    const float edge = neg ? wmin : wmax;
+    const float q0 = std::nearbyint(edge / scale);
+    float bias = 0.0f;
+    if (q0 != 0.0f) {
+      scale = edge / q0;
+      bias = edge;
+    }
+    const VF vs = hn::Set(df, scale), vb = hn::Set(df, bias), hi = hn::Set(df, n);
+    for (int i = 0; i < gs; i += static_cast<int>(kN)) {
+      const VF q = hn::Round(hn::Div(hn::Sub(Load(w + i), vb), vs));
+      hn::Store(hn::ConvertTo(di, hn::Min(hn::Max(q, hn::Zero(df)), hi)), di, codes + i);
+    }
+    PackBits(codes, gs, bits, out);
+    detail::store_f32(scale, src, sp);
+    detail::store_f32(bias, src, bp);
+  }
+}
+
+template <class T>
+void Blocks(const T* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1, std::uint8_t* packed,
+            std::byte* scales, std::byte* biases) {
+  auto* s8 = reinterpret_cast<std::uint8_t*>(scales);
+  if (spec.mode == Mode::affine)
+    AffineGroups(x, spec, src, b0, b1, packed, scales, biases);
+  else if (spec.nonfinite == NonFinite::saturate)
+    FpBlocks<true>(x, spec, src, b0, b1, packed, s8);
+  else
+    FpBlocks<false>(x, spec, src, b0, b1, packed, s8);
+}
+
+inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
+                           std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+  switch (src) {
+    case DType::float16:
+      return Blocks(static_cast<const hwy::float16_t*>(x), src, spec, b0, b1, packed, scales, biases);
+    case DType::bfloat16:
+      return Blocks(static_cast<const hwy::bfloat16_t*>(x), src, spec, b0, b1, packed, scales, biases);
+    default:
+      return Blocks(static_cast<const float*>(x), src, spec, b0, b1, packed, scales, biases);
+  }
+}
+
+#endif  // HWY_TARGET == HWY_SCALAR
+
+}  // namespace microscale::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // MICROSCALE_CPU_QUANTIZE_INL_H_
