@@ -8,12 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "core/convert.hpp"
 #include "microscale/microscale.hpp"
 #include "support.hpp"
 
@@ -69,19 +69,35 @@ struct X {
   DType dtype;
   TensorView view(std::int64_t M, std::int64_t K) const { return TensorView(bytes.data(), dtype, {M, K}); }
 };
+float load(const std::byte* p, DType t) {
+  if (t == DType::float32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return t == DType::bfloat16 ? ms::decode_bf16(h) : ms::decode_f16(h);
+}
+
 X make_x(const std::vector<float>& v, DType t) {
-  X x{std::vector<std::byte>(v.size() * ms::dtype_size(t)), std::vector<float>(v.size()), t};
+  const std::size_t es = ms::dtype_size(t);
+  X x{std::vector<std::byte>(v.size() * es), std::vector<float>(v.size()), t};
   for (std::size_t i = 0; i < v.size(); ++i) {
-    ms::detail::store_f32(v[i], t, x.bytes.data() + i * ms::dtype_size(t));
-    x.f32[i] = ms::detail::load_f32(x.bytes.data() + i * ms::dtype_size(t), t);
+    if (t == DType::float32) {
+      std::memcpy(x.bytes.data() + i * es, &v[i], 4);
+    } else {
+      const std::uint16_t h = t == DType::bfloat16 ? ms::encode_bf16(v[i]) : ms::encode_f16(v[i]);
+      std::memcpy(x.bytes.data() + i * es, &h, 2);
+    }
+    x.f32[i] = load(x.bytes.data() + i * es, t);
   }
   return x;
 }
 
 std::vector<float> as_f32(const ms::Tensor& t) {
   std::vector<float> out(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < out.size(); ++i)
-    out[i] = ms::detail::load_f32(t.bytes() + i * ms::dtype_size(t.dtype()), t.dtype());
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = load(t.bytes() + i * ms::dtype_size(t.dtype()), t.dtype());
   return out;
 }
 
