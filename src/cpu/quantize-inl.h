@@ -97,11 +97,30 @@ HWY_INLINE VI AbsBits(VF x) {
 // then a transposing one across blocks.
 template <std::size_t G, bool kSat, class T>
 HWY_INLINE VI BlockMaxBits(const T* x) {
-  return TransposedMax<0, kN>(DI(), [x](std::size_t b) HWY_ATTR {
+  auto block = [x](std::size_t b) HWY_ATTR {
     VI m = AbsBits<kSat>(Load(x + b * G));
     for (std::size_t v = kN; v < G; v += kN) m = hn::Max(m, AbsBits<kSat>(Load(x + b * G + v)));
     return m;
-  });
+  };
+  if constexpr (kN == 4 || kN == 8) {
+    // Within 128-bit blocks of 4 lanes: pairing blocks b and b+2 of each quad, then the two
+    // pairs, leaves lane i of each 128-bit block holding block i of the quad, in order, with one
+    // interleave per input instead of ConcatOdd/ConcatEven's two cross-block shuffles. With 8
+    // lanes, one exchange of 128-bit halves then merges the two quads' partial maxima.
+    const DI di;
+    auto pair = [di](VI a, VI b) HWY_ATTR { return hn::Max(hn::InterleaveLower(di, a, b), hn::InterleaveUpper(di, a, b)); };
+    auto quad = [&](std::size_t q) HWY_ATTR {
+      return pair(pair(block(q), block(q + 2)), pair(block(q + 1), block(q + 3)));
+    };
+    if constexpr (kN == 4) {
+      return quad(0);
+    } else {
+      const VI lo = quad(0), hi = quad(4);
+      return hn::Max(hn::ConcatLowerLower(di, hi, lo), hn::ConcatUpperUpper(di, hi, lo));
+    }
+  } else {
+    return TransposedMax<0, kN>(DI(), block);
+  }
 }
 
 // bf16 bits widen to f32 bits by a shift, which keeps their order: reduce the 16-bit patterns
@@ -285,21 +304,25 @@ void FpBlocks(const T* x, const QuantSpec& spec, DType src, std::int64_t b0, std
     case Mode::nvfp4: {
       const Nvfp4 p = Nvfp4Factors(spec);
       TiledBlocks<16, 4>(x, b0, b1, packed, scales,
-                         [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) { Nvfp4Tile<kSat>(xt, p, pt, st); });
+                         [&](const T* xt, std::uint8_t* pt, std::uint8_t* st)
+                             HWY_ATTR MICROSCALE_ALWAYS_INLINE { Nvfp4Tile<kSat>(xt, p, pt, st); });
       break;
     }
     case Mode::mxfp4:
-      TiledBlocks<32, 4>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) {
+      TiledBlocks<32, 4>(x, b0, b1, packed, scales,
+                         [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
         MxTile<E2M1, kSat>(xt, rule, src, pt, st);
       });
       break;
     case Mode::mxfp8:
       if (spec.elem == Elem::e5m2)
-        TiledBlocks<32, 8>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) {
+        TiledBlocks<32, 8>(x, b0, b1, packed, scales,
+                           [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
           MxTile<E5M2, kSat>(xt, rule, src, pt, st);
         });
       else
-        TiledBlocks<32, 8>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) {
+        TiledBlocks<32, 8>(x, b0, b1, packed, scales,
+                           [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
           MxTile<E4M3, kSat>(xt, rule, src, pt, st);
         });
       break;

@@ -22,6 +22,12 @@
 
 #include "microscale/codecs.hpp"
 
+// Tile bodies passed as lambdas are inlined into their loops, so that the constants they set up
+// are hoisted out of the loop instead of being rebuilt per tile.
+#ifndef MICROSCALE_ALWAYS_INLINE
+#define MICROSCALE_ALWAYS_INLINE __attribute__((always_inline))
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;

@@ -40,16 +40,22 @@ inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------------------------------------
-// Half-precision rounding done independently of the library: f16 through the compiler's
-// _Float16 (libgcc's conversion), bf16 by integer round-to-nearest-even on the f32 bits.
+// Half-precision rounding done independently of the library: f16 through the compiler's half
+// type (x86: _Float16, libgcc's conversion; aarch64: __fp16, the hardware's IEEE conversion), bf16
+// by integer round-to-nearest-even on the f32 bits.
+#if defined(__aarch64__)
+using CompilerHalf = __fp16;
+#else
+using CompilerHalf = _Float16;
+#endif
 inline std::uint16_t oracle_f16(float v) {
-  _Float16 h = static_cast<_Float16>(v);
+  CompilerHalf h = static_cast<CompilerHalf>(v);
   std::uint16_t b;
   std::memcpy(&b, &h, 2);
   return b;
 }
 inline float oracle_f16_value(std::uint16_t b) {
-  _Float16 h;
+  CompilerHalf h;
   std::memcpy(&h, &b, 2);
   return static_cast<float>(h);
 }
