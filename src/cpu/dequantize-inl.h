@@ -18,6 +18,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -231,8 +232,11 @@ void AffineGroups(const std::uint8_t* packed, const std::byte* scales, const std
   for (std::int64_t g = g0; g < g1; ++g) {
     const std::uint8_t* in = packed + static_cast<std::size_t>(g * gs * bits / 8);
     if (!whole_bytes) UnpackBits(in, gs, bits, codes);
-    const VF s = hn::Set(df, detail::load_f32(scales + static_cast<std::size_t>(g) * ss, sdt));
-    const VF b = hn::Set(df, detail::load_f32(biases + static_cast<std::size_t>(g) * ss, sdt));
+    const float scale = detail::load_f32(scales + static_cast<std::size_t>(g) * ss, sdt);
+    const float bias = detail::load_f32(biases + static_cast<std::size_t>(g) * ss, sdt);
+    // A NaN scale decodes the group to itself (see reference::dequantize): 0 * scale + scale.
+    const VF s = hn::Set(df, scale);
+    const VF b = hn::Set(df, std::isnan(scale) ? scale : bias);
     for (int i = 0; i < gs; i += 2 * static_cast<int>(kN)) {
       VI even, odd;
       if (whole_bytes) {

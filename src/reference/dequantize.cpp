@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include "core/convert.hpp"
 #include "microscale/codecs.hpp"
 #include "reference/reference.hpp"
@@ -15,6 +17,11 @@ std::uint32_t get_bits(const std::uint8_t* row, std::int64_t i, int bits) {
   for (int k = 0; k < bits; ++k, ++t) v |= static_cast<std::uint32_t>((row[t / 8] >> (t % 8)) & 1u) << k;
   return v;
 }
+
+// Element value times block factor. Where both are NaN, which NaN a multiply returns depends on
+// the operand order the compiler picks (and the ISA): the factor's NaN is taken explicitly, so
+// a NaN scale decodes its whole block to itself on every platform.
+float scaled(float value, float factor) { return std::isnan(factor) ? factor : value * factor; }
 
 }  // namespace
 
@@ -41,21 +48,23 @@ void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::
           case Mode::nvfp4: {
             const float sf = decode_e4m3(code8);
             const float factor = three_level ? (sf * amax) * c2688 : sf;
-            v = decode_e2m1(nibble(pr, k)) * factor;
+            v = scaled(decode_e2m1(nibble(pr, k)), factor);
             break;
           }
           case Mode::mxfp4:
-            v = decode_e2m1(nibble(pr, k)) * decode_e8m0(code8);
+            v = scaled(decode_e2m1(nibble(pr, k)), decode_e8m0(code8));
             break;
           case Mode::mxfp8: {
             const float e = spec.elem == Elem::e5m2 ? decode_e5m2(pr[k]) : decode_e4m3(pr[k]);
-            v = e * decode_e8m0(code8);
+            v = scaled(e, decode_e8m0(code8));
             break;
           }
           case Mode::affine: {
             const float s = detail::load_f32(sp, scale_dtype);
             const float b = detail::load_f32(biases + gi * scale_size, scale_dtype);
-            v = static_cast<float>(get_bits(pr, k, spec.bits)) * s + b;
+            // The scale's NaN before the bias's, for the same reason, made quiet as arithmetic would.
+            v = std::isnan(s) ? f32_from_bits(f32_bits(s) | 0x00400000u)
+                              : static_cast<float>(get_bits(pr, k, spec.bits)) * s + b;
             break;
           }
         }
