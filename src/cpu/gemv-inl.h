@@ -274,6 +274,7 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
   const hn::Repartition<std::int8_t, DF> di8;
   constexpr int M = kE5M2 ? 2 : 3, B = kE5M2 ? 15 : 7;
   constexpr auto kBytes = static_cast<std::int64_t>(hn::MaxLanes(hn::Repartition<std::int8_t, DF>()));
+  static_assert(64 % kBytes == 0, "byte vectors tile 64 codes");
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
   auto max_signed = hn::Set(di8, -128);
   auto max_unsigned = hn::Zero(D8());
@@ -281,16 +282,8 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
     max_signed = hn::Max(max_signed, hn::LoadU(di8, reinterpret_cast<const std::int8_t*>(c)));
     max_unsigned = hn::Max(max_unsigned, hn::LoadU(D8(), c));
   };
-  std::int64_t tracked = 0;  // codes [0, tracked) went through track()
-  for (std::int64_t k0 = 0; k0 < K; k0 += 32) {
-    hwy::Prefetch(codes + k0 + 2048);
-    if constexpr (kBytes <= 32) {
-      for (std::int64_t b = 0; b < 32; b += kBytes) track(codes + k0 + b);
-      tracked = k0 + 32;
-    } else if (k0 % kBytes == 0 && k0 + kBytes <= K) {
-      track(codes + k0);
-      tracked = k0 + kBytes;
-    }
+  // One group of 32 weights at k0: t = sum of x * value, then acc += t * factor.
+  auto group = [&](std::int64_t k0) HWY_ATTR {
     VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
     for (std::size_t k = 0; k < 32; k += kN) {
       VF v = MinifloatBitsSigned<M>(
@@ -306,7 +299,17 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
       VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
       a = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), f, a);
     });
+  };
+  // Two groups per iteration halve the loop overhead; the special-code tracking covers 64 bytes.
+  std::int64_t k0 = 0;
+  for (; k0 + 64 <= K; k0 += 64) {
+    hwy::Prefetch(codes + k0 + 2048);
+    for (std::int64_t b = 0; b < 64; b += kBytes) track(codes + k0 + b);
+    group(k0);
+    group(k0 + 32);
   }
+  const std::int64_t tracked = k0;  // codes [0, tracked) went through track()
+  if (k0 < K) group(k0);             // K is a multiple of 32: at most one group left
   Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
   constexpr int kHigh = kE5M2 ? 0x7B : 0x7E;  // magnitudes above it are special
   for (std::int64_t k = tracked; k < K; ++k)
