@@ -1,14 +1,21 @@
-// quantized_matmul benchmarks: GEMV (M = 1) hot and cold, GEMM (M = 512), and a read-only
-// pass over the same weight bytes as the roofline, all in one binary so ratios come from one run.
+// quantized_matmul benchmarks on the 14336 x 4096 weight of FORMATS.md section 10 (y = x @ W^T):
+// the GEMV (M = 1) of every mode with a fused kernel, hot (one weight, reused) and cold (four
+// copies rotating, more than L3), x float32 and bfloat16; the GEMM (M = 512); and a read-only pass
+// over each weight's bytes with the same threads as the roofline, all in one binary so ratios
+// come from one run.
 //
 //   build/bench/microscale_bench_matmul --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   (--benchmark_filter=Gemv, =Gemm, =Roofline; threads: MICROSCALE_NUM_THREADS, default all cores)
 #include <benchmark/benchmark.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "cpu/parallel.hpp"
 #include "microscale/microscale.hpp"
 
 namespace ms = microscale;
@@ -16,32 +23,55 @@ namespace ms = microscale;
 namespace {
 
 constexpr std::int64_t kN = 14336, kK = 4096;
-constexpr int kColdCopies = 4;  // 4 x ~33 MB of weights rotate through the 32 MB L3
+constexpr int kColdCopies = 4;  // 4 x 31-61 MB of weights rotate through a 32 MB L3
+
+// The modes benchmarked, by index (Google Benchmark arguments are integers).
+struct ModeCase {
+  const char* name;
+  ms::QuantSpec spec;
+};
+const std::vector<ModeCase>& modes() {
+  static const std::vector<ModeCase> m = [] {
+    std::vector<ModeCase> v;
+    ms::QuantSpec s;
+    s.mode = ms::Mode::nvfp4;
+    v.push_back({"nvfp4", s});
+    s.mode = ms::Mode::mxfp4;
+    v.push_back({"mxfp4", s});
+    s.mode = ms::Mode::mxfp8;
+    v.push_back({"mxfp8-e4m3", s});
+    ms::QuantSpec a;
+    a.mode = ms::Mode::affine;
+    a.bits = 4;
+    a.group_size = 64;
+    v.push_back({"affine4-g64", a});
+    return v;
+  }();
+  return m;
+}
+constexpr int kNvfp4 = 0, kMxfp4 = 1, kMxfp8 = 2, kAffine4 = 3;
 
 struct Weights {
   std::vector<ms::Quantized> copies;
   std::size_t bytes = 0;  // packed + scales (+ biases) of one copy
 };
 
-const Weights& weights(ms::Mode mode, bool transpose = true) {
-  static std::map<std::pair<int, bool>, Weights> cache;
-  auto key = std::make_pair(static_cast<int>(mode), transpose);
-  auto it = cache.find(key);
+const Weights& weights(int mode) {
+  static std::map<int, Weights> cache;
+  auto it = cache.find(mode);
   if (it != cache.end()) return it->second;
   std::mt19937 rng(7);
   std::normal_distribution<float> z(0.0f, 0.02f);
   std::vector<float> w(static_cast<std::size_t>(kN * kK));
   for (float& v : w) v = z(rng);
-  ms::QuantSpec s;
-  s.mode = mode;
-  const ms::Shape shape = transpose ? ms::Shape{kN, kK} : ms::Shape{kK, kN};
-  const ms::TensorView wv(w.data(), ms::DType::float32, shape);
-  if (mode == ms::Mode::nvfp4) s.global_scale = ms::global_scale(wv);
+  ms::QuantSpec s = modes()[static_cast<std::size_t>(mode)].spec;
+  const ms::TensorView wv(w.data(), ms::DType::float32, {kN, kK});
+  if (s.mode == ms::Mode::nvfp4) s.global_scale = ms::global_scale(wv);  // three-level
   Weights out;
   for (int c = 0; c < kColdCopies; ++c) out.copies.push_back(ms::quantize(wv, s));
   const ms::Quantized& q = out.copies[0];
   out.bytes = q.packed.nbytes() + q.scales.nbytes() + q.biases.nbytes();
-  return cache.emplace(key, std::move(out)).first->second;
+  return cache.emplace(mode, std::move(out)).first->second;
 }
 
 std::vector<float> activations(std::int64_t m) {
@@ -57,9 +87,9 @@ void set_counters(benchmark::State& state, double bytes, double flops) {
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// GEMV: args {mode, cold, x dtype (0 f32, 1 bf16)}.
+// GEMV: args {mode, cold, x dtype (0 float32, 1 bfloat16)}.
 void BM_Gemv(benchmark::State& state) {
-  const auto mode = static_cast<ms::Mode>(state.range(0));
+  const int mode = static_cast<int>(state.range(0));
   const bool cold = state.range(1) != 0;
   const bool bf16 = state.range(2) != 0;
   const Weights& w = weights(mode);
@@ -68,52 +98,56 @@ void BM_Gemv(benchmark::State& state) {
   for (std::size_t i = 0; i < xf.size(); ++i) xb[i] = ms::encode_bf16(xf[i]);
   const ms::TensorView x = bf16 ? ms::TensorView(xb.data(), ms::DType::bfloat16, {1, kK})
                                 : ms::TensorView(xf.data(), ms::DType::float32, {1, kK});
-  int i = 0;
+  std::size_t i = 0;
   for (auto _ : state) {
-    const ms::Quantized& q = w.copies[cold ? static_cast<std::size_t>(i++ % kColdCopies) : 0];
+    const ms::Quantized& q = w.copies[cold ? i++ % kColdCopies : 0];
     benchmark::DoNotOptimize(ms::quantized_matmul(x, q, true));
   }
   set_counters(state, static_cast<double>(w.bytes), 2.0 * kN * kK);
-  state.SetLabel(std::string(ms::name(mode)) + (cold ? " cold" : " hot") + (bf16 ? " x=bf16" : " x=f32"));
+  state.SetLabel(std::string(modes()[static_cast<std::size_t>(mode)].name) + (cold ? " cold" : " hot") +
+                 (bf16 ? " x=bf16" : " x=f32"));
 }
 
 void BM_Gemm(benchmark::State& state) {
-  const auto mode = static_cast<ms::Mode>(state.range(0));
+  const int mode = static_cast<int>(state.range(0));
   const std::int64_t M = state.range(1);
   const Weights& w = weights(mode);
   const std::vector<float> xf = activations(M);
   const ms::TensorView x(xf.data(), ms::DType::float32, {M, kK});
   for (auto _ : state) benchmark::DoNotOptimize(ms::quantized_matmul(x, w.copies[0], true));
   set_counters(state, static_cast<double>(w.bytes), 2.0 * static_cast<double>(M) * kN * kK);
-  state.SetLabel(std::string(ms::name(mode)) + " M=" + std::to_string(M));
+  state.SetLabel(std::string(modes()[static_cast<std::size_t>(mode)].name) + " M=" + std::to_string(M));
 }
 
-// Roofline: read the same number of bytes as one cold GEMV, rotating over copies larger than L3.
+// Roofline: read the bytes of one cold GEMV (the mode's weight), rotating over copies larger
+// than L3, with the library's threads and row chunks.
 void BM_ReadRoofline(benchmark::State& state) {
-  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const int mode = static_cast<int>(state.range(0));
+  const std::size_t bytes = weights(mode).bytes;
   std::vector<std::vector<std::uint64_t>> bufs(kColdCopies, std::vector<std::uint64_t>(bytes / 8, 1));
-  int i = 0;
+  const std::int64_t rows = kN, row_words = static_cast<std::int64_t>(bytes / 8) / kN;
+  std::size_t i = 0;
   for (auto _ : state) {
-    const std::vector<std::uint64_t>& b = bufs[static_cast<std::size_t>(i++ % kColdCopies)];
-    std::uint64_t acc = 0;
-#pragma omp parallel for reduction(^ : acc) num_threads(ms::num_threads())
-    for (std::int64_t j = 0; j < static_cast<std::int64_t>(b.size()); ++j) acc ^= b[static_cast<std::size_t>(j)];
-    benchmark::DoNotOptimize(acc);
+    const std::uint64_t* b = bufs[i++ % kColdCopies].data();
+    std::atomic<std::uint64_t> all{0};
+    ms::cpu::parallel_for(rows, 32, [&](std::int64_t r0, std::int64_t r1) {
+      std::uint64_t acc = 0;
+      for (std::int64_t j = r0 * row_words; j < r1 * row_words; ++j) acc ^= b[j];
+      all ^= acc;
+    });
+    benchmark::DoNotOptimize(all.load());
   }
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(modes()[static_cast<std::size_t>(mode)].name) + " bytes");
 }
 
-constexpr int kNv = static_cast<int>(ms::Mode::nvfp4), kMx4 = static_cast<int>(ms::Mode::mxfp4),
-              kMx8 = static_cast<int>(ms::Mode::mxfp8), kAff = static_cast<int>(ms::Mode::affine);
-
-BENCHMARK(BM_ReadRoofline)->Arg(kN * kK * 9 / 16)->Arg(kN * kK * 17 / 32)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ReadRoofline)->DenseRange(kNvfp4, kAffine4)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Gemv)
-    ->ArgsProduct({{kNv, kMx4}, {0, 1}, {0, 1}})
-    ->Args({kMx8, 0, 0})
-    ->Args({kAff, 0, 0})
+    ->ArgsProduct({{kNvfp4, kMxfp4}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{kMxfp8, kAffine4}, {0, 1}, {0}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Gemm)->ArgsProduct({{kNv, kMx4}, {512}})->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK(BM_Gemm)->ArgsProduct({{kNvfp4, kMxfp4}, {512}})->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(2);
 
 }  // namespace
 

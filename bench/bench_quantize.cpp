@@ -7,7 +7,6 @@
 //
 //   microscale_bench_quantize [--benchmark_filter=...]    (threads: the last name component, 1 or 2)
 #include <benchmark/benchmark.h>
-#include <omp.h>
 
 #include <cstdio>
 #include <map>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "cpu/kernels.hpp"
+#include "cpu/parallel.hpp"
 #include "microscale/codecs.hpp"
 #include "microscale/runtime.hpp"
 
@@ -137,14 +137,11 @@ void run_cached(benchmark::State& st, Op op) {
       benchmark::Counter(static_cast<double>(kCachedRows * kK), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Per 1024 elements: XOR-reduce `rd` input bytes, store `wr` bytes derived from them; threads
-// take contiguous ranges as the kernels' parallel_for does.
-void stream_pass(const std::uint8_t* in, std::int64_t rd, std::uint8_t* out, std::int64_t wr, int threads) {
-  const std::int64_t blocks = kN / 1024;
-#pragma omp parallel num_threads(threads)
-  {
-    const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    for (std::int64_t b = blocks * t / nt; b < blocks * (t + 1) / nt; ++b) {
+// Per 1024 elements: XOR-reduce `rd` input bytes, store `wr` bytes derived from them; on the
+// library's threads (the caller sets their number), in chunks of 64 such blocks.
+void stream_pass(const std::uint8_t* in, std::int64_t rd, std::uint8_t* out, std::int64_t wr) {
+  ms::cpu::parallel_for(kN / 1024, 64, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
       const auto* src = reinterpret_cast<const std::uint64_t*>(in + b * rd);
       std::uint64_t acc = 0;
       for (std::int64_t i = 0; i < rd / 8; ++i) acc ^= src[i];
@@ -152,21 +149,21 @@ void stream_pass(const std::uint8_t* in, std::int64_t rd, std::uint8_t* out, std
       auto* dst = reinterpret_cast<std::uint64_t*>(out + b * wr);
       for (std::int64_t i = 0; i < wr / 8; ++i) dst[i] = acc + static_cast<std::uint64_t>(i);
     }
-  }
+  });
 }
 
 void run_stream(benchmark::State& st, Op op) {
   Data& d = data();
   std::int64_t rd, wr;
   traffic(op, rd, wr);
-  const int threads = static_cast<int>(st.range(0));
+  ms::set_num_threads(static_cast<int>(st.range(0)));
   const auto* x = op.dtype == ms::DType::float32 ? reinterpret_cast<const std::uint8_t*>(d.f32.data())
                                                  : reinterpret_cast<const std::uint8_t*>(d.bf16.data());
   for (auto _ : st) {
     if (op.kind == Kind::dequantize)
-      stream_pass(d.packed.data(), rd, d.out.data(), wr, threads);
+      stream_pass(d.packed.data(), rd, d.out.data(), wr);
     else
-      stream_pass(x, rd, d.packed.data(), wr, threads);
+      stream_pass(x, rd, d.packed.data(), wr);
     benchmark::ClobberMemory();
   }
   set_counters(st, op);

@@ -8,7 +8,9 @@
 //                           Arm: "sve2_128", "sve_256" (SVE of that vector width), "sve2",
 //                                "sve", "neon";
 //                           "scalar" (portable fallback: the reference kernels)
-//   MICROSCALE_NUM_THREADS  worker threads per call (falls back to OMP_NUM_THREADS, then all cores)
+//   MICROSCALE_NUM_THREADS  threads per call, the caller's included (falls back to OMP_NUM_THREADS,
+//                           then the number of CPUs this process may run on); also a budget shared
+//                           by calls from several threads at once, each keeping its own thread
 #pragma once
 
 #include <string>

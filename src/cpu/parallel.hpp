@@ -1,18 +1,23 @@
-// Thread pool policy for the CPU kernels: OpenMP teams sized by MICROSCALE_NUM_THREADS, with a
-// process-wide budget so concurrent calls from several user threads never run more workers than
-// the budget (each call keeps at least its own thread). Work is split into fixed chunks, and each
-// output element is computed by exactly one thread in a fixed order, so results never depend on
-// the number of threads.
+// Parallel loops for the CPU kernels: a small pool of our own threads under a process-wide thread
+// budget (MICROSCALE_NUM_THREADS), so concurrent calls from several user threads never run more
+// threads than the budget in total, and each call keeps at least its own thread.
+//
+// [0, n) is cut into fixed chunks of `grain` items whatever the thread count, and each chunk is one
+// body call, so results never depend on the number of threads. The calling thread and the pool
+// workers that are awake claim chunks from a shared counter; a worker that wakes late finds none,
+// and the caller waits only for chunks that workers have already claimed. Idle threads spin for
+// microseconds before they sleep, so on a busy machine a call slows to about one thread's speed
+// instead of waiting for threads that are not running.
 #pragma once
-
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace microscale::cpu {
 
-// Reserves up to `want` threads from the budget for the lifetime of the object.
+// Reserves up to `want` threads (the caller's own included) from the budget for the lifetime of
+// the object.
 class ThreadLease {
  public:
   explicit ThreadLease(std::int64_t want);
@@ -25,26 +30,25 @@ class ThreadLease {
   int n_;
 };
 
-// Calls body(begin, end) over [0, n) in chunks of at least `grain` items, in parallel.
+using ChunkFn = void (*)(void* body, std::int64_t begin, std::int64_t end);
+
+// Runs every chunk of parallel_for(n, grain, ...) on the calling thread and up to threads - 1 pool
+// workers; rethrows the first exception a chunk threw, after the other chunks are done.
+void run_chunks(std::int64_t n, std::int64_t grain, int threads, ChunkFn fn, void* body);
+
+// Calls body(begin, end) for each chunk [k * grain, min(n, (k + 1) * grain)) of [0, n), in
+// parallel; grain >= 1.
 template <class Body>
 void parallel_for(std::int64_t n, std::int64_t grain, Body&& body) {
   if (n <= 0) return;
-  const std::int64_t chunks = (n + grain - 1) / grain;
-  ThreadLease lease(chunks);
-  const int threads = lease.threads();
-  if (threads <= 1) {
-    body(std::int64_t{0}, n);
+  ThreadLease lease((n + grain - 1) / grain);
+  if (lease.threads() > 1) {
+    using F = std::remove_reference_t<Body>;
+    const auto call = [](void* f, std::int64_t b, std::int64_t e) { (*static_cast<F*>(f))(b, e); };
+    run_chunks(n, grain, lease.threads(), call, const_cast<void*>(static_cast<const void*>(&body)));
     return;
   }
-  // One contiguous range per thread keeps each thread's memory stream sequential.
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num();
-    const std::int64_t per = (chunks + threads - 1) / threads;
-    const std::int64_t b = std::min<std::int64_t>(n, per * t * grain);
-    const std::int64_t e = std::min<std::int64_t>(n, per * (t + 1) * grain);
-    if (b < e) body(b, e);
-  }
+  for (std::int64_t b = 0; b < n; b += grain) body(b, std::min(n, b + grain));
 }
 
 }  // namespace microscale::cpu

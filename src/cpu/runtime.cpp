@@ -2,7 +2,8 @@
 #include "microscale/runtime.hpp"
 
 #include <hwy/targets.h>
-#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -45,6 +46,15 @@ std::string env(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
+// CPUs this process may run on (its affinity mask, as taskset and cgroup cpusets set it).
+int runnable_cpus() {
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 int default_threads() {
   for (const char* var : {"MICROSCALE_NUM_THREADS", "OMP_NUM_THREADS"}) {
     const std::string v = env(var);
@@ -53,8 +63,11 @@ int default_threads() {
     const long n = std::strtol(v.c_str(), &end, 10);
     if (end != v.c_str() && n > 0) return static_cast<int>(std::min<long>(n, 1024));
   }
-  return std::max(1, omp_get_num_procs());
+  return runnable_cpus();
 }
+
+struct Settings;
+Settings& settings();
 
 struct Settings {
   std::mutex mu;
@@ -68,6 +81,8 @@ struct Settings {
     if (env("MICROSCALE_BACKEND") == "reference") backend = Backend::reference;
     threads = default_threads();
     budget = threads.load();
+    // A forked child has none of the parent's running calls, whose leases it would never return.
+    pthread_atfork(nullptr, nullptr, [] { settings().budget = settings().threads.load(); });
     const std::string target = env("MICROSCALE_CPU_TARGET");
     if (!target.empty() && target != "auto") force(target);
   }
