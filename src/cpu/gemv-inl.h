@@ -67,12 +67,16 @@ HWY_INLINE VF& Pick(VF& v0, VF& v1, VF& v2, VF& v3) {
 // The 4-bit kernels decode a step of kStepWeights weights (kStepBytes code bytes) into eight
 // vectors: the low nibbles (even weights) and the high nibbles (odd weights) are each looked up
 // as one byte vector, whose bytes are then spread to 32-bit lanes by byte shuffles, which work
-// within 128-bit blocks. Lane i (0..3) of block b of vector j (0..3) takes byte 16b + 4j + i, so
-// lane L of vector v = 4 * high + j holds weight 2 * (16b + 4j + i) + high. Index of weight k of
-// a step in that order:
+// within 128-bit blocks: lane i (0..3) of block b of vector j (0..3) takes byte 4j + i of block b.
+// The step's 32-bit words are first transposed (word 4b + j <- word j * kN/4 + b, the identity
+// for one block), so that vector j holds code bytes [j kN, (j + 1) kN) of the step in order:
+// lane L of vector v = 4 * high + j holds weight 2 (j kN + L) + high, and a vector's weights lie
+// in one group (two for 16-lane vectors and groups of 16), whose factor is then a broadcast.
+// Index of weight k of a step in that order:
 inline std::int64_t NibbleOrderIndex(std::int64_t k) {
-  const std::int64_t byte = k / 2, high = k % 2, b = byte / 16, j = byte % 16 / 4, i = byte % 4;
-  return (4 * high + j) * static_cast<std::int64_t>(kN) + 4 * b + i;
+  const auto L = static_cast<std::int64_t>(kN);
+  const std::int64_t byte = k / 2, high = k % 2;
+  return (4 * high + byte / L) * L + byte % L;
 }
 
 // Rows of x times `scale` (a power of two) in nibble order, step by step, zero-padded to a whole
@@ -190,10 +194,25 @@ constexpr Spreads MakeSpreads() {
 }
 constexpr Spreads kSpreads = MakeSpreads();
 
-// The low and the high nibbles of kStepBytes code bytes, as byte vectors.
+// Word order of a step's code bytes for the byte shuffles (see NibbleOrderIndex).
+struct StepWords {
+  alignas(64) std::uint32_t index[kN];
+};
+constexpr StepWords MakeStepWords() {
+  StepWords t{};
+  for (std::size_t w = 0; w < kN; ++w) t.index[w] = static_cast<std::uint32_t>(w % 4 * (kN / 4) + w / 4);
+  return t;
+}
+constexpr StepWords kStepWords = MakeStepWords();
+
+// The low and the high nibbles of kStepBytes code bytes, as byte vectors, in step word order.
 HWY_INLINE void Nibbles(const std::uint8_t* codes, hn::Vec<D8>& low, hn::Vec<D8>& high) {
   const D8 d8;
-  const auto bytes = hn::LoadU(d8, codes);
+  auto bytes = hn::LoadU(d8, codes);
+  if constexpr (kN > 4) {
+    const DU du;
+    bytes = hn::BitCast(d8, hn::TableLookupLanes(hn::BitCast(du, bytes), hn::SetTableIndices(du, kStepWords.index)));
+  }
   low = hn::And(bytes, hn::Set(d8, 0x0F));
   high = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(D16(), bytes))), hn::Set(d8, 0x0F));
 }
@@ -209,56 +228,85 @@ HWY_INLINE VF SpreadUnsigned(hn::Vec<D8> bytes, std::size_t j) {
   return hn::ConvertTo(DF(), hn::BitCast(DI(), hn::TableLookupBytesOr0(bytes, hn::LoadDup128(D8(), kSpreads.low[j]))));
 }
 
-// Sums of kM rows of x (nibble order, row stride Kp) against one nvfp4/mxfp4 weight row of Kp/2
-// code bytes (the caller pads the last step) with its factors (padded with kN zeros). Lanes of
-// vector j cover groups 2b + j/2 of the step (G = 16) or b (G = 32), so a table lookup spreads
-// the step's factors to their lanes. kScaledX: x holds x * 2^-25 (see ScaleXForFp4) and the
-// sums are the dot products; else they are twice them.
-template <int kM, std::size_t G, bool kScaledX>
-HWY_INLINE void Fp4Row(const std::uint8_t* codes, const float* factors, const float* xd, std::int64_t Kp,
-                       float* sums) {
+// One step of a 4-bit row: for each group q of the step's vectors (kVecsPerGroup vectors j
+// sharing one factor), t = sum over its vectors of x * value (low and high nibbles), then
+// u += t * factor(q), u summed into the row accumulators a once per step. Spread(bytes, j) gives
+// vector j of a looked-up nibble vector as float32.
+template <int kM, std::size_t kVecsPerGroup, class SpreadFn, class FactorFn>
+HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::int64_t Kp, const SpreadFn& spread,
+                      const FactorFn& factor, VF& a0, VF& a1, VF& a2, VF& a3) {
   const DF df;
-  const DI di;
+  VF u0 = hn::Zero(df), u1 = u0, u2 = u0, u3 = u0;
+  for (std::size_t q = 0; q < 4 / kVecsPerGroup; ++q) {
+    VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
+    for (std::size_t j = q * kVecsPerGroup; j < (q + 1) * kVecsPerGroup; ++j) {
+      const VF even = spread(low, j), odd = spread(high, j);
+      Rows<kM>([&](auto m) HWY_ATTR {
+        VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
+        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
+        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
+      });
+    }
+    const VF f = factor(q);
+    Rows<kM>([&](auto m) HWY_ATTR {
+      VF& u = Pick<decltype(m)::value>(u0, u1, u2, u3);
+      u = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), f, u);
+    });
+  }
+  Rows<kM>([&](auto m) HWY_ATTR {
+    VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
+    a = hn::Add(a, Pick<decltype(m)::value>(u0, u1, u2, u3));
+  });
+}
+
+// Sums of kM rows of x (nibble order, row stride Kp) against one nvfp4/mxfp4 weight row of Kp/2
+// code bytes and Kp/G scale codes (the caller pads the last step: codes and scale codes 0), each
+// scale code's factor read from `factor_of` (256 entries). kScaledX: x holds x * 2^-25 (see
+// ScaleXForFp4) and the sums are the dot products; else they are twice them.
+template <int kM, std::size_t G, bool kScaledX>
+HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_codes, const float* factor_of,
+                       const float* xd, std::int64_t Kp, float* sums) {
+  const DF df;
   const D8 d8;
   const auto table = hn::LoadDup128(d8, reinterpret_cast<const std::uint8_t*>(kTwiceE2M1));
-  // Lane L = 4b + i: group 2b + j/2 (j/2 = 0 or 1) or b.
-  const VI block = hn::ShiftRight<2>(hn::Iota(di, 0));
-  const auto lanes_first = hn::IndicesFromVec(df, G == 16 ? hn::Add(block, block) : block);
-  const auto lanes_second = hn::IndicesFromVec(df, hn::Add(hn::Add(block, block), hn::Set(di, 1)));
-  static_assert(kStepWeights / G <= kN, "one vector holds the factors of a step");
+  // A vector holds 2 kN weights: a part of one group, or two whole groups of 16 (16 lanes).
+  static_assert(2 * kN <= 2 * G, "a vector spans at most two groups");
+  constexpr std::size_t kVecsPerGroup = 2 * kN >= G ? 1 : G / (2 * kN);
+  constexpr std::size_t kGroupsPerStep = kStepWeights / G;
+  const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadSigned<!kScaledX>(bytes, j); };
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
   const std::uint8_t* const end = codes + Kp / 2;
-  for (const float* x = xd; codes != end; codes += kStepBytes, x += kStepWeights, factors += kStepWeights / G) {
+  for (const float* x = xd; codes != end; codes += kStepBytes, x += kStepWeights, scale_codes += kGroupsPerStep) {
     hwy::Prefetch(codes + 2048);
     hn::Vec<D8> low, high;
     Nibbles(codes, low, high);
     low = hn::TableLookupBytes(table, low);
     high = hn::TableLookupBytes(table, high);
-    const VF step_factors = hn::LoadU(df, factors);
-    // t = sum over vectors j0 .. j0+count-1 of x * value (low and high), then acc += t * factor.
-    auto vectors = [&](std::size_t j0, std::size_t count, VF factor) HWY_ATTR {
-      VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
-      for (std::size_t j = j0; j < j0 + count; ++j) {
-        const VF even = SpreadSigned<!kScaledX>(low, j), odd = SpreadSigned<!kScaledX>(high, j);
-        Rows<kM>([&](auto m) HWY_ATTR {
-          VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
-          t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
-          t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
-        });
+    const auto factor = [&](std::size_t q) HWY_ATTR {
+      if constexpr (2 * kN > G) {  // vector q: groups 2q (lower half) and 2q + 1
+        const hn::Half<DF> dh;
+        return hn::Combine(df, hn::Set(dh, factor_of[scale_codes[2 * q + 1]]), hn::Set(dh, factor_of[scale_codes[2 * q]]));
+      } else {
+        return hn::Set(df, factor_of[scale_codes[q]]);
       }
-      Rows<kM>([&](auto m) HWY_ATTR {
-        VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
-        a = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), factor, a);
-      });
     };
-    if constexpr (G == 16) {
-      vectors(0, 2, hn::TableLookupLanes(step_factors, lanes_first));
-      vectors(2, 2, hn::TableLookupLanes(step_factors, lanes_second));
-    } else {
-      vectors(0, 4, hn::TableLookupLanes(step_factors, lanes_first));
-    }
+    Step4<kM, kVecsPerGroup>(low, high, x, Kp, spread, factor, a0, a1, a2, a3);
   }
   Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+}
+
+// Float32 factor of every scale code, exactly as dequantize forms it: the E4M3 block scale
+// (times the three-level factor) for nvfp4, 2^(e-127) for mxfp4.
+inline void Fp4Factors(const QuantSpec& s, float* out) {
+  const DF df;
+  alignas(64) std::uint8_t codes[256];
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<std::uint8_t>(c);
+  const VF vamax = hn::Set(df, s.global_scale ? *s.global_scale : 1.0f), c2688 = hn::Set(df, f32_from_bits(kC2688Bits));
+  for (std::size_t c = 0; c < 256; c += kN) {
+    VF f = s.mode == Mode::nvfp4 ? DecodeE4M3(LoadBytes(codes + c)) : DecodeE8M0(LoadBytes(codes + c));
+    if (s.mode == Mode::nvfp4 && s.global_scale) f = hn::Mul(hn::Mul(f, vamax), c2688);
+    hn::Store(f, df, out + c);
+  }
 }
 
 // ---- mxfp8 ----
@@ -323,40 +371,35 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
 // (the caller adds each group's bias times its sum of x)
 
 // 4-bit codes (low nibble first, as fp4) against x in nibble order, with the row's scales
-// (zero-padded by kN past the padding of the last step). Block b of every vector of a step holds
-// weights [32b, 32b + 32) of it, so a step's lanes span groups (32b) / gs of it (gs >= 32): its
-// partial sums take their scales by a table lookup, once per step.
-template <int kM>
+// (zero-padded past the padding of the last step). Vector j of a step at weight s holds weights
+// [s + 2 kN j, s + 2 kN (j + 1)), inside one group since gs >= 32 >= 2 kN; kVecsPerGroup
+// (gs / 2 kN, at most the step's 4) vectors share a scale.
+template <int kM, std::size_t kVecsPerGroup>
 HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* xd,
                            std::int64_t Kp, float* sums) {
   const DF df;
-  const DI di;
-  int shift = 0;  // log2(gs / 32); gs is 32, 64 or 128
-  while ((32 << shift) < gs) ++shift;
-  const auto lanes = hn::IndicesFromVec(df, hn::ShiftRightSame(hn::ShiftRight<2>(hn::Iota(di, 0)), shift));
-  const int group_shift = shift + 5;
+  const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadUnsigned(bytes, j); };
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
   for (std::int64_t s = 0; s < Kp; s += static_cast<std::int64_t>(kStepWeights)) {
     hwy::Prefetch(codes + s / 2 + 2048);
     hn::Vec<D8> low, high;
     Nibbles(codes + s / 2, low, high);
-    const float* x = xd + s;
-    VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
-    for (std::size_t j = 0; j < 4; ++j) {
-      const VF even = SpreadUnsigned(low, j), odd = SpreadUnsigned(high, j);
-      Rows<kM>([&](auto m) HWY_ATTR {
-        VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
-        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
-        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
-      });
-    }
-    const VF f = hn::TableLookupLanes(hn::LoadU(df, scales + (s >> group_shift)), lanes);
-    Rows<kM>([&](auto m) HWY_ATTR {
-      VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
-      a = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), f, a);
-    });
+    const auto factor = [&](std::size_t q) HWY_ATTR {
+      return hn::Set(df, scales[(s + static_cast<std::int64_t>(q * kVecsPerGroup * 2 * kN)) / gs]);
+    };
+    Step4<kM, kVecsPerGroup>(low, high, xd + s, Kp, spread, factor, a0, a1, a2, a3);
   }
   Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+}
+
+template <int kM>
+HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* xd,
+                           std::int64_t Kp, float* sums) {
+  static_assert(2 * kN <= 32, "a vector of 4-bit codes lies inside a group of 32");
+  const auto vecs = static_cast<std::size_t>(gs) / (2 * kN);
+  if (vecs >= 4) return Affine4Row<kM, 4>(codes, scales, gs, xd, Kp, sums);
+  if (vecs == 2) return Affine4Row<kM, 2>(codes, scales, gs, xd, Kp, sums);
+  Affine4Row<kM, 1>(codes, scales, gs, xd, Kp, sums);
 }
 
 // 8-bit codes against x in natural order.
@@ -626,6 +669,7 @@ struct GemvInput {
   bool scaled_x;            // fp4: xd holds x * 2^-25
   const float* x_prescaled; // mxfp8: x * 2^(127-B) when exact (PrescaleForFp8), else null
   const float* group_sums;  // [M, K/gs]: affine
+  const float* fp4_factors; // fp4: the factor of each of the 256 scale codes
   std::int64_t Kp;
   const float* bias;
   float* y;                 // [M, N]
@@ -644,8 +688,9 @@ void GemvRows(const GemvInput& in, std::int64_t m0, std::int64_t n0, std::int64_
   auto factors = hwy::AllocateAligned<float>(static_cast<std::size_t>(padded_groups) + 2 * kN);
   auto biases = hwy::AllocateAligned<float>(static_cast<std::size_t>(groups));
   auto slice = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::min(K, kSlice)));
-  // Rows are contiguous, so a row whose last step is partial is read from a zero-padded copy.
-  const auto row_bytes = static_cast<std::size_t>(padded ? in.Kp / 2 : 1);
+  // Rows are contiguous, so a row whose last step is partial is read from a zero-padded copy (fp4:
+  // its scale codes too, after the codes).
+  const auto row_bytes = static_cast<std::size_t>(padded ? in.Kp / 2 + in.Kp / 16 : 1);
   auto row = hwy::AllocateAligned<std::uint8_t>(row_bytes);
   std::memset(row.get(), 0, row_bytes);
   const float* x = in.x + m0 * K;
@@ -659,21 +704,27 @@ void GemvRows(const GemvInput& in, std::int64_t m0, std::int64_t n0, std::int64_
     }
     switch (in.kernel) {
 #if HWY_TARGET != HWY_SCALAR
-      case GemvKernel::fp4:
-        DecodeFactors(scale_codes + n * groups, groups, padded_groups + kN, s, factors.get());
+      case GemvKernel::fp4: {
+        const std::uint8_t* row_scales = scale_codes + n * groups;
+        if (padded) {
+          std::memcpy(row.get() + in.Kp / 2, row_scales, static_cast<std::size_t>(groups));
+          row_scales = row.get() + in.Kp / 2;
+        }
+        const float* f = in.fp4_factors;
         if (in.scaled_x) {
           if (s.mode == Mode::nvfp4)
-            Fp4Row<kM, 16, true>(codes, factors.get(), xd, in.Kp, sums);
+            Fp4Row<kM, 16, true>(codes, row_scales, f, xd, in.Kp, sums);
           else
-            Fp4Row<kM, 32, true>(codes, factors.get(), xd, in.Kp, sums);
+            Fp4Row<kM, 32, true>(codes, row_scales, f, xd, in.Kp, sums);
         } else {
           if (s.mode == Mode::nvfp4)
-            Fp4Row<kM, 16, false>(codes, factors.get(), xd, in.Kp, sums);
+            Fp4Row<kM, 16, false>(codes, row_scales, f, xd, in.Kp, sums);
           else
-            Fp4Row<kM, 32, false>(codes, factors.get(), xd, in.Kp, sums);
+            Fp4Row<kM, 32, false>(codes, row_scales, f, xd, in.Kp, sums);
           for (int m = 0; m < kM; ++m) sums[m] *= 0.5f;  // the table holds twice the values
         }
         break;
+      }
       case GemvKernel::fp8: {
         DecodeFactors(scale_codes + n * groups, groups, padded_groups + kN, s, factors.get());
         const float* xs = in.x_prescaled ? in.x_prescaled + m0 * K : x;
@@ -713,7 +764,14 @@ inline void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const
   if ((w.spec.mode == Mode::nvfp4 || w.spec.mode == Mode::mxfp4) && K % 32 == 0)
     return GemvFp4Avx512(x, M, w, bias, y);
 #endif
-  GemvInput in{&w, KernelFor(w.spec), x, nullptr, false, nullptr, nullptr, K, bias, y};
+  GemvInput in{&w, KernelFor(w.spec), x, nullptr, false, nullptr, nullptr, nullptr, K, bias, y};
+#if HWY_TARGET != HWY_SCALAR
+  alignas(64) float fp4_factors[256];
+  if (in.kernel == GemvKernel::fp4) {
+    Fp4Factors(w.spec, fp4_factors);
+    in.fp4_factors = fp4_factors;
+  }
+#endif
   hwy::AlignedFreeUniquePtr<float[]> xd;
   std::vector<float> group_sums;
   if (in.kernel == GemvKernel::fp4 || in.kernel == GemvKernel::affine4) {
