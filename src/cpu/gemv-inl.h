@@ -230,13 +230,13 @@ HWY_INLINE VF SpreadUnsigned(hn::Vec<D8> bytes, std::size_t j) {
 
 // One step of a 4-bit row: for each group q of the step's vectors (kVecsPerGroup vectors j
 // sharing one factor), t = sum over its vectors of x * value (low and high nibbles), then
-// u += t * factor(q), u summed into the row accumulators a once per step. Spread(bytes, j) gives
-// vector j of a looked-up nibble vector as float32.
+// a += t * factor(q), with even q into the accumulators a and odd q into b, so that no dependency
+// chain is longer than two of the step's groups. spread(bytes, j) gives vector j of a looked-up
+// nibble vector as float32.
 template <int kM, std::size_t kVecsPerGroup, class SpreadFn, class FactorFn>
 HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::int64_t Kp, const SpreadFn& spread,
-                      const FactorFn& factor, VF& a0, VF& a1, VF& a2, VF& a3) {
+                      const FactorFn& factor, VF& a0, VF& a1, VF& a2, VF& a3, VF& b0, VF& b1, VF& b2, VF& b3) {
   const DF df;
-  VF u0 = hn::Zero(df), u1 = u0, u2 = u0, u3 = u0;
   for (std::size_t q = 0; q < 4 / kVecsPerGroup; ++q) {
     VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
     for (std::size_t j = q * kVecsPerGroup; j < (q + 1) * kVecsPerGroup; ++j) {
@@ -249,13 +249,20 @@ HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::in
     }
     const VF f = factor(q);
     Rows<kM>([&](auto m) HWY_ATTR {
-      VF& u = Pick<decltype(m)::value>(u0, u1, u2, u3);
-      u = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), f, u);
+      constexpr int kI = decltype(m)::value;
+      VF& acc = q % 2 == 0 ? Pick<kI>(a0, a1, a2, a3) : Pick<kI>(b0, b1, b2, b3);
+      acc = hn::MulAdd(Pick<kI>(t0, t1, t2, t3), f, acc);
     });
   }
+}
+
+// sums[m] = the lanes of a_m + b_m, summed.
+template <int kM>
+HWY_INLINE void StoreRowSums(VF a0, VF a1, VF a2, VF a3, VF b0, VF b1, VF b2, VF b3, float* sums) {
+  const DF df;
   Rows<kM>([&](auto m) HWY_ATTR {
-    VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
-    a = hn::Add(a, Pick<decltype(m)::value>(u0, u1, u2, u3));
+    constexpr int kI = decltype(m)::value;
+    sums[kI] = hn::GetLane(hn::SumOfLanes(df, hn::Add(Pick<kI>(a0, a1, a2, a3), Pick<kI>(b0, b1, b2, b3))));
   });
 }
 
@@ -274,7 +281,7 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
   constexpr std::size_t kVecsPerGroup = 2 * kN >= G ? 1 : G / (2 * kN);
   constexpr std::size_t kGroupsPerStep = kStepWeights / G;
   const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadSigned<!kScaledX>(bytes, j); };
-  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   const std::uint8_t* const end = codes + Kp / 2;
   for (const float* x = xd; codes != end; codes += kStepBytes, x += kStepWeights, scale_codes += kGroupsPerStep) {
     hwy::Prefetch(codes + 2048);
@@ -290,9 +297,9 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
         return hn::Set(df, factor_of[scale_codes[q]]);
       }
     };
-    Step4<kM, kVecsPerGroup>(low, high, x, Kp, spread, factor, a0, a1, a2, a3);
+    Step4<kM, kVecsPerGroup>(low, high, x, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
   }
-  Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+  StoreRowSums<kM>(a0, a1, a2, a3, b0, b1, b2, b3, sums);
 }
 
 // Float32 factor of every scale code, exactly as dequantize forms it: the E4M3 block scale
@@ -375,31 +382,33 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
 // [s + 2 kN j, s + 2 kN (j + 1)), inside one group since gs >= 32 >= 2 kN; kVecsPerGroup
 // (gs / 2 kN, at most the step's 4) vectors share a scale.
 template <int kM, std::size_t kVecsPerGroup>
-HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* xd,
+HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, int log2_gs, const float* xd,
                            std::int64_t Kp, float* sums) {
   const DF df;
   const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadUnsigned(bytes, j); };
-  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   for (std::int64_t s = 0; s < Kp; s += static_cast<std::int64_t>(kStepWeights)) {
     hwy::Prefetch(codes + s / 2 + 2048);
     hn::Vec<D8> low, high;
     Nibbles(codes + s / 2, low, high);
     const auto factor = [&](std::size_t q) HWY_ATTR {
-      return hn::Set(df, scales[(s + static_cast<std::int64_t>(q * kVecsPerGroup * 2 * kN)) / gs]);
+      return hn::Set(df, scales[(s + static_cast<std::int64_t>(q * kVecsPerGroup * 2 * kN)) >> log2_gs]);
     };
-    Step4<kM, kVecsPerGroup>(low, high, xd + s, Kp, spread, factor, a0, a1, a2, a3);
+    Step4<kM, kVecsPerGroup>(low, high, xd + s, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
   }
-  Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+  StoreRowSums<kM>(a0, a1, a2, a3, b0, b1, b2, b3, sums);
 }
 
 template <int kM>
 HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* xd,
                            std::int64_t Kp, float* sums) {
   static_assert(2 * kN <= 32, "a vector of 4-bit codes lies inside a group of 32");
+  int log2_gs = 5;  // gs is 32, 64 or 128
+  while ((std::int64_t{1} << log2_gs) < gs) ++log2_gs;
   const auto vecs = static_cast<std::size_t>(gs) / (2 * kN);
-  if (vecs >= 4) return Affine4Row<kM, 4>(codes, scales, gs, xd, Kp, sums);
-  if (vecs == 2) return Affine4Row<kM, 2>(codes, scales, gs, xd, Kp, sums);
-  Affine4Row<kM, 1>(codes, scales, gs, xd, Kp, sums);
+  if (vecs >= 4) return Affine4Row<kM, 4>(codes, scales, log2_gs, xd, Kp, sums);
+  if (vecs == 2) return Affine4Row<kM, 2>(codes, scales, log2_gs, xd, Kp, sums);
+  Affine4Row<kM, 1>(codes, scales, log2_gs, xd, Kp, sums);
 }
 
 // 8-bit codes against x in natural order.
