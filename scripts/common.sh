@@ -6,21 +6,39 @@ step() { printf '\n==== %s ====\n' "$*"; }
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config libgtest-dev libbenchmark-dev libhwy-dev
               nlohmann-json3-dev libcli11-dev)
 
-# Installs the apt packages that are missing; runs apt-get update only when something is.
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# Whether package NAME[:ARCH] is installed for ARCH (default: the native one) or as Architecture
+# all; `dpkg -s NAME` fails as ambiguous once NAME:arm64 is installed beside NAME.
+apt_package_installed() {
+  local name=${1%%:*} arch=${1#*:}
+  [ "$arch" != "$1" ] || arch=$(dpkg --print-architecture)
+  dpkg-query -W -f='${Architecture} ${db:Status-Abbrev}\n' "$name" 2>/dev/null | grep -qE "^($arch|all) ii"
+}
+
+# Installs the apt packages given (default: APT_PACKAGES; NAME:ARCH for a foreign architecture's)
+# that are missing; runs apt-get update only when something is.
 ensure_apt_packages() {
-  local missing=()
-  for p in "${APT_PACKAGES[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  local wanted=("$@") missing=()
+  [ ${#wanted[@]} -gt 0 ] || wanted=("${APT_PACKAGES[@]}")
+  for p in "${wanted[@]}"; do
+    apt_package_installed "$p" || missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then
     echo "apt packages: all present"
     return
   fi
   echo "apt packages missing: ${missing[*]}"
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+  as_root apt-get update
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# Lets dpkg install packages of a foreign architecture (e.g. arm64) unless it already does; the
+# apt-get update that ensure_apt_packages runs for that architecture's missing packages follows.
+ensure_dpkg_architecture() {
+  dpkg --print-foreign-architectures | grep -qx "$1" && return
+  echo "dpkg: adding architecture $1"
+  as_root dpkg --add-architecture "$1"
 }
 
 # Number of parallel jobs for builds and ctest.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything CI checks: C++ tests with warnings as errors, the same tests under AddressSanitizer +
-# UndefinedBehaviorSanitizer, and the Python package's tests. Exits non-zero on the first failure.
+# UndefinedBehaviorSanitizer, the Python package's tests, and the C++ tests cross-built for aarch64
+# under QEMU (NEON and SVE). Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -76,5 +77,9 @@ done
 
 step "fuzz the safetensors parser (libFuzzer, 30 s over the seed corpus)"
 bash tests/fuzz/run.sh 30
+
+# Last, being the slowest: the kernels on every Arm target, emulated (its own steps follow).
+step "aarch64 tests under QEMU (scripts/test-arm.sh)"
+bash scripts/test-arm.sh
 
 step "all checks passed"
