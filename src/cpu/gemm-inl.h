@@ -76,7 +76,7 @@ inline void AxpyRows(const float* x, std::int64_t M, const QuantizedMatrix& w, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// GEMM: x is packed transposed (at[k][m], m padded to 2 vectors), W panels of kPanel output
+// GEMM: x is packed transposed in strips of 2 vectors of rows (see Gemm), W panels of kPanel output
 // columns x kDepth values are decoded once per block of rows of x.
 
 inline void DecodePanel(const QuantizedMatrix& w, bool transpose, std::int64_t n0, std::int64_t nn, std::int64_t k0,
@@ -134,11 +134,13 @@ inline void Gemm(const float* x, std::int64_t M, const QuantizedMatrix& w, bool 
   for (std::int64_t mb = 0; mb < M; mb += kRowsOfX) {
     const std::int64_t mc = std::min(kRowsOfX, M - mb);
     const std::int64_t ld = (mc + L2 - 1) / L2 * L2;
+    // x transposed in strips of 2L rows, each strip contiguous over k, so that a tile streams
+    // through memory in order: strip s holds at[s][k][0 : 2L] = x[mb + s 2L + (0 : 2L), k].
     auto at = hwy::AllocateAligned<float>(static_cast<std::size_t>(K * ld));
-    for (std::int64_t k = 0; k < K; ++k) {
-      float* row = at.get() + k * ld;
-      for (std::int64_t m = 0; m < mc; ++m) row[m] = x[(mb + m) * K + k];
-      std::fill(row + mc, row + ld, 0.0f);
+    std::fill(at.get(), at.get() + K * ld, 0.0f);
+    for (std::int64_t m = 0; m < mc; ++m) {
+      float* strip = at.get() + m / L2 * K * L2 + m % L2;
+      for (std::int64_t k = 0; k < K; ++k) strip[k * L2] = x[(mb + m) * K + k];
     }
     parallel_for(panels, 1, [&](std::int64_t p0, std::int64_t p1) {
       auto b = hwy::AllocateAligned<float>(static_cast<std::size_t>(kPanelRows * kDepth));
@@ -150,9 +152,10 @@ inline void Gemm(const float* x, std::int64_t M, const QuantizedMatrix& w, bool 
         for (std::int64_t k0 = 0; k0 < K; k0 += kDepth) {
           const std::int64_t kc = std::min(kDepth, K - k0);
           DecodePanel(w, transpose, n0, nn, k0, kc, b.get(), row.get());
-          for (std::int64_t i = 0; i < nn; i += kTileRows)
-            for (std::int64_t m = 0; m < ld; m += L2)
-              Tile(at.get() + k0 * ld + m, ld, b.get() + i * kDepth, kc, ct.get() + i * ld + m, ld);
+          // A strip of x (kDepth x 2L floats) stays in L1 while every tile of the panel uses it.
+          for (std::int64_t m = 0; m < ld; m += L2)
+            for (std::int64_t i = 0; i < nn; i += kTileRows)
+              Tile(at.get() + m * K + k0 * L2, L2, b.get() + i * kDepth, kc, ct.get() + i * ld + m, ld);
         }
         for (std::int64_t i = 0; i < nn; ++i)
           for (std::int64_t m = 0; m < mc; ++m)

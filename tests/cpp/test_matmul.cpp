@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "microscale/microscale.hpp"
+#include "support.hpp"
 
 namespace ms = microscale;
 using ms::DType;
@@ -103,6 +104,27 @@ TEST(QuantizedMatmul, EveryModeBothOrientationsMatchesFloat64) {
         ASSERT_EQ(y.shape(), (Shape{M, N}));
         SCOPED_TRACE(std::string(ms::name(mode)) + (transpose ? " T" : " N") + " M=" + std::to_string(M));
         expect_close(values(y), oracle(x, wd, M, N, K, transpose));
+      }
+    }
+  }
+}
+
+// The CPU GEMM blocks x by 512 rows in strips of 2 vectors, W by panels of 128 output columns and
+// 256 K values, in register tiles of 6 or 8 weight rows: shapes with partial blocks, strips,
+// panels and tiles at every level, on every backend and target.
+TEST(QuantizedMatmul, GemmBlockingOnEveryBackend) {
+  const std::int64_t M = 530, K = 640, N = 320;  // N a multiple of 64 for the untransposed weight
+  const auto x = randn(M * K, 11), w = randn(N * K, 12, 0.05f);
+  for (Mode mode : {Mode::nvfp4, Mode::mxfp4, Mode::affine}) {
+    QuantSpec s = spec_for(mode, mode == Mode::affine ? 64 : 0, mode == Mode::affine ? 4 : 0);
+    if (mode == Mode::nvfp4) s.global_scale = ms::global_scale(f32(w, {N, K}));
+    for (bool transpose : {true, false}) {
+      const auto q = ms::quantize(f32(w, transpose ? Shape{N, K} : Shape{K, N}), s);
+      const Oracle o = oracle(x, values(ms::dequantize(q, DType::float32)), M, N, K, transpose);
+      for (const mst::BackendConfig& c : mst::backend_configs()) {
+        SCOPED_TRACE(std::string(ms::name(mode)) + (transpose ? " T " : " N ") + c.label);
+        const mst::UseBackend use(c);
+        expect_close(values(ms::quantized_matmul(f32(x, {M, K}), q, transpose)), o);
       }
     }
   }
