@@ -396,8 +396,8 @@ def available_cpu_targets():
 
 
 def set_num_threads(n):
-    """Worker threads per call; ``n <= 0`` restores the default (MICROSCALE_NUM_THREADS, then
-    OMP_NUM_THREADS, then all cores)."""
+    """Threads per call, the caller's included; ``n <= 0`` restores the default
+    (MICROSCALE_NUM_THREADS, then OMP_NUM_THREADS, then the CPUs this process may run on)."""
     _core.set_num_threads(operator.index(n))
 
 

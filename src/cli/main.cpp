@@ -68,10 +68,10 @@ int main(int argc, char** argv) {
   int threads = 0;
   eval->add_option("--backend", backend, "cpu (SIMD + threads) or reference (scalar executable spec); "
                                          "default: MICROSCALE_BACKEND or cpu");
-  eval->add_option("--cpu-target", target, "force a SIMD target of the cpu backend (auto, avx512_dl, avx512, "
-                                           "avx2, sse4, ssse3, scalar)");
-  eval->add_option("--threads", threads, "worker threads of the cpu backend (default: MICROSCALE_NUM_THREADS, "
-                                         "OMP_NUM_THREADS or all cores)");
+  eval->add_option("--cpu-target", target, "force a SIMD target of the cpu backend (auto; x86: avx512_dl, avx512, "
+                                           "avx2, sse4, ssse3; Arm: sve2_128, sve_256, sve2, sve, neon; scalar)");
+  eval->add_option("--threads", threads, "threads per call of the cpu backend (default: MICROSCALE_NUM_THREADS, "
+                                         "OMP_NUM_THREADS or the CPUs this process may run on)");
 
   // `eval` is the default: `microscale` and `microscale --rows 64` mean `microscale eval ...`.
   std::vector<std::string> args(argv + 1, argv + argc);
