@@ -380,8 +380,10 @@ def backend():
 
 
 def set_cpu_target(name):
-    """Force the SIMD target of the cpu backend (``"auto"``, ``"avx512_dl"``, ``"avx512"``,
-    ``"avx2"``, ``"sse4"``, ``"emu128"``); ValueError if unknown or not runnable here."""
+    """Force the SIMD target of the cpu backend: ``"auto"`` or one of ``available_cpu_targets()``
+    (x86: ``"avx512_dl"``, ``"avx512"``, ``"avx2"``, ``"sse4"``, ``"ssse3"``; Arm: ``"sve2_128"``,
+    ``"sve_256"``, ``"sve2"``, ``"sve"``, ``"neon"``; ``"scalar"``); ValueError if unknown or not
+    runnable here."""
     _core.set_cpu_target(_str(name, "name"))
 
 
