@@ -137,7 +137,7 @@ inline void Gemm(const float* x, std::int64_t M, const QuantizedMatrix& w, bool 
     // x transposed in strips of 2L rows, each strip contiguous over k, so that a tile streams
     // through memory in order: strip s holds at[s][k][0 : 2L] = x[mb + s 2L + (0 : 2L), k].
     auto at = hwy::AllocateAligned<float>(static_cast<std::size_t>(K * ld));
-    std::fill(at.get(), at.get() + K * ld, 0.0f);
+    if (mc < ld) std::fill(at.get() + (ld - L2) * K, at.get() + ld * K, 0.0f);  // the last strip's padding rows
     for (std::int64_t m = 0; m < mc; ++m) {
       float* strip = at.get() + m / L2 * K * L2 + m % L2;
       for (std::int64_t k = 0; k < K; ++k) strip[k * L2] = x[(mb + m) * K + k];

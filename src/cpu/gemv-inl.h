@@ -302,20 +302,6 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
   StoreRowSums<kM>(a0, a1, a2, a3, b0, b1, b2, b3, sums);
 }
 
-// Float32 factor of every scale code, exactly as dequantize forms it: the E4M3 block scale
-// (times the three-level factor) for nvfp4, 2^(e-127) for mxfp4.
-inline void Fp4Factors(const QuantSpec& s, float* out) {
-  const DF df;
-  alignas(64) std::uint8_t codes[256];
-  for (int c = 0; c < 256; ++c) codes[c] = static_cast<std::uint8_t>(c);
-  const VF vamax = hn::Set(df, s.global_scale ? *s.global_scale : 1.0f), c2688 = hn::Set(df, f32_from_bits(kC2688Bits));
-  for (std::size_t c = 0; c < 256; c += kN) {
-    VF f = s.mode == Mode::nvfp4 ? DecodeE4M3(LoadBytes(codes + c)) : DecodeE8M0(LoadBytes(codes + c));
-    if (s.mode == Mode::nvfp4 && s.global_scale) f = hn::Mul(hn::Mul(f, vamax), c2688);
-    hn::Store(f, df, out + c);
-  }
-}
-
 // ---- mxfp8 ----
 
 // Sums of kM rows of x (natural order, stride K) against one mxfp8 row, decoding codes as if
@@ -775,9 +761,12 @@ inline void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const
 #endif
   GemvInput in{&w, KernelFor(w.spec), x, nullptr, false, nullptr, nullptr, nullptr, K, bias, y};
 #if HWY_TARGET != HWY_SCALAR
-  alignas(64) float fp4_factors[256];
+  // The factor of each of the 256 scale codes, decoded as for a row holding every code once.
+  alignas(64) float fp4_factors[256 + kN];  // DecodeFactors may store a whole vector past the end
   if (in.kernel == GemvKernel::fp4) {
-    Fp4Factors(w.spec, fp4_factors);
+    alignas(64) std::uint8_t every_code[256];
+    for (int c = 0; c < 256; ++c) every_code[c] = static_cast<std::uint8_t>(c);
+    DecodeFactors(every_code, 256, 256, w.spec, fp4_factors);
     in.fp4_factors = fp4_factors;
   }
 #endif
