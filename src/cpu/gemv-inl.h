@@ -282,13 +282,20 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
   constexpr std::size_t kGroupsPerStep = kStepWeights / G;
   const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadSigned<!kScaledX>(bytes, j); };
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  const std::uint8_t* const end = codes + Kp / 2;
-  for (const float* x = xd; codes != end; codes += kStepBytes, x += kStepWeights, scale_codes += kGroupsPerStep) {
-    hwy::Prefetch(codes + 2048);
-    hn::Vec<D8> low, high;
-    Nibbles(codes, low, high);
+  // The next step's values are looked up before this step's products, so the long load-shuffle
+  // chain overlaps the multiply-adds instead of holding them in the scheduler.
+  const auto values = [&](const std::uint8_t* c, hn::Vec<D8>& low, hn::Vec<D8>& high) HWY_ATTR {
+    Nibbles(c, low, high);
     low = hn::TableLookupBytes(table, low);
     high = hn::TableLookupBytes(table, high);
+  };
+  const std::uint8_t* const last = codes + Kp / 2 - kStepBytes;
+  hn::Vec<D8> low, high;
+  values(codes, low, high);
+  for (const float* x = xd;; codes += kStepBytes, x += kStepWeights, scale_codes += kGroupsPerStep) {
+    hwy::Prefetch(codes + 2048);
+    hn::Vec<D8> next_low = low, next_high = high;
+    if (codes != last) values(codes + kStepBytes, next_low, next_high);
     const auto factor = [&](std::size_t q) HWY_ATTR {
       if constexpr (2 * kN > G) {  // vector q: groups 2q (lower half) and 2q + 1
         const hn::Half<DF> dh;
@@ -298,6 +305,9 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
       }
     };
     Step4<kM, kVecsPerGroup>(low, high, x, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
+    if (codes == last) break;
+    low = next_low;
+    high = next_high;
   }
   StoreRowSums<kM>(a0, a1, a2, a3, b0, b1, b2, b3, sums);
 }
@@ -373,14 +383,20 @@ HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, int l
   const DF df;
   const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadUnsigned(bytes, j); };
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  for (std::int64_t s = 0; s < Kp; s += static_cast<std::int64_t>(kStepWeights)) {
+  constexpr auto kStep = static_cast<std::int64_t>(kStepWeights);
+  hn::Vec<D8> low, high;
+  Nibbles(codes, low, high);
+  for (std::int64_t s = 0;; s += kStep) {  // the next step's nibbles ahead, as in Fp4Row
     hwy::Prefetch(codes + s / 2 + 2048);
-    hn::Vec<D8> low, high;
-    Nibbles(codes + s / 2, low, high);
+    hn::Vec<D8> next_low = low, next_high = high;
+    if (s + kStep != Kp) Nibbles(codes + (s + kStep) / 2, next_low, next_high);
     const auto factor = [&](std::size_t q) HWY_ATTR {
       return hn::Set(df, scales[(s + static_cast<std::int64_t>(q * kVecsPerGroup * 2 * kN)) >> log2_gs]);
     };
     Step4<kM, kVecsPerGroup>(low, high, xd + s, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
+    if (s + kStep == Kp) break;
+    low = next_low;
+    high = next_high;
   }
   StoreRowSums<kM>(a0, a1, a2, a3, b0, b1, b2, b3, sums);
 }
