@@ -2,6 +2,7 @@
 
 #include "microscale/checkpoint.hpp"
 #include "microscale/runtime.hpp"
+#include "output_files.hpp"
 #include "plot.hpp"
 #include "progress.hpp"
 
@@ -11,9 +12,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 
 namespace microscale::cli {
 
@@ -125,7 +126,7 @@ const char* kRow = "%-11s %-12s %8.3f %11.3e %9.2f %12.3f %12.3f %10.3f\n";
 // Sums over the matrices (or tensors) one mode ran on.
 struct Acc {
   double err = 0, energy = 0, tq = 0, td = 0, bytes = 0, bit_sum = 0;
-  std::int64_t n = 0;
+  std::int64_t n = 0, nonfinite = 0;
   void add(const Acc& o) {
     err += o.err;
     energy += o.energy;
@@ -134,6 +135,7 @@ struct Acc {
     bytes += o.bytes;
     bit_sum += o.bit_sum;
     n += o.n;
+    nonfinite += o.nonfinite;
   }
 };
 
@@ -158,6 +160,7 @@ Acc measure(const EvalMode& m, const TensorView& x, const std::vector<float>& va
   for (std::size_t i = 0; i < values.size(); ++i) {
     const double d = static_cast<double>(values[i]) - value_at(y, i);
     a.err += d * d;
+    a.nonfinite += std::isfinite(values[i]) ? 0 : 1;
   }
   a.energy = energy;
   a.n = x.numel();
@@ -173,12 +176,14 @@ EvalRow row_of(const std::string& matrix, const std::string& mode, const Acc& a)
   r.mode = mode;
   const double n = static_cast<double>(a.n);
   r.bits_per_value = a.n ? a.bit_sum / n : 0;
-  r.rel_error = a.energy > 0 ? std::sqrt(a.err / a.energy) : 0.0;
-  r.sqnr_db = a.err > 0 ? 10.0 * std::log10(a.energy / a.err) : INFINITY;
+  const ErrorStats e = error_stats(a.err, a.energy);
+  r.rel_error = e.rel_error;
+  r.sqnr_db = e.sqnr_db;
   r.quant_gelems = a.tq > 0 ? n / a.tq / 1e9 : 0;
   r.dequant_gelems = a.td > 0 ? n / a.td / 1e9 : 0;
   r.size_bytes = a.bytes;
   r.elements = a.n;
+  r.nonfinite_values = a.nonfinite;
   return r;
 }
 
@@ -216,6 +221,15 @@ std::string where_text() {
                                                " thread(s)";
 }
 
+// Says which weights hold NaN or Inf: their blocks dequantize to NaN (the propagate policy), so
+// the pooled errors of every mode are NaN rather than a number that hides them.
+void print_nonfinite_note(std::int64_t count, const std::vector<std::string>& tensors) {
+  if (count == 0) return;
+  std::printf("note: %lld weight value%s NaN or Inf (in %s); blocks holding one dequantize to NaN, so rel.error "
+              "and SQNR are nan (the CSV counts them in nonfinite_values)\n",
+              static_cast<long long>(count), count == 1 ? " is" : "s are", join(tensors).c_str());
+}
+
 void print_table_header() {
   std::printf(kHeader, "matrix", "mode", "bits/val", "rel.error", "SQNR dB", "quant Gel/s", "deq Gel/s", "size MB");
   std::fflush(stdout);
@@ -243,6 +257,8 @@ std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::s
               "weights.\n\n");
   std::map<std::string, Acc> acc;
   std::map<std::string, std::size_t> skipped;
+  std::int64_t nonfinite = 0;
+  std::vector<std::string> nonfinite_tensors;
   ProgressBar bar("eval");
   io::Progress pr;
   pr.total = names.size();
@@ -259,6 +275,10 @@ std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::s
     }
     const std::vector<float> v = values_of(x);
     const double energy = energy_of(v);
+    if (const auto k = std::count_if(v.begin(), v.end(), [](float f) { return !std::isfinite(f); }); k > 0) {
+      nonfinite += k;
+      nonfinite_tensors.push_back(n);
+    }
     for (const std::string& name : modes) {
       const EvalMode& m = *find_mode(name);
       if (t.shape[1] % resolve(m.spec).group_size != 0) {
@@ -281,6 +301,7 @@ std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::s
   }
   for (const auto& [name, k] : skipped)
     std::printf("note: %s skipped %zu weight(s) whose K is not a multiple of its group size\n", name.c_str(), k);
+  print_nonfinite_note(nonfinite, nonfinite_tensors);
   return rows;
 }
 
@@ -307,12 +328,22 @@ const std::vector<std::string>& eval_matrices() {
   return m;
 }
 
+ErrorStats error_stats(double squared_error, double energy) {
+  if (squared_error == 0) return {0.0, INFINITY};  // exact, all-zero weights included
+  // NaN stays NaN; zero energy with an error gives an infinite relative error and -inf dB.
+  return {std::sqrt(squared_error / energy), 10.0 * std::log10(energy / squared_error)};
+}
+
 void validate(const EvalOptions& opt) {
   if (opt.rows < 1) throw Error("--rows must be at least 1, got " + std::to_string(opt.rows));
   if (opt.cols < 1) throw Error("--cols must be at least 1, got " + std::to_string(opt.cols));
   if (opt.repeats < 1) throw Error("--repeats must be at least 1, got " + std::to_string(opt.repeats));
   if (!is_float(opt.dtype)) throw Error(std::string("--dtype must be a float type, got ") + dtype_name(opt.dtype));
   if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
+  if (!opt.csv.empty()) check_output_path("--csv", opt.csv);
+  if (!opt.png.empty()) check_output_path("--png", opt.png);
+  if (!opt.csv.empty() && !opt.png.empty() && fs::weakly_canonical(fs::absolute(opt.csv)) == fs::weakly_canonical(fs::absolute(opt.png)))
+    throw Error("--csv and --png name the same file '" + opt.csv + "'");
   for (const std::string& name : opt.modes) {
     if (!find_mode(name)) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
     if (std::count(opt.modes.begin(), opt.modes.end(), name) > 1) throw Error("mode '" + name + "' is listed twice");
@@ -381,26 +412,34 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
     }
   }
 
+  std::vector<OutputFile> files;
   if (!opt.csv.empty()) {
-    std::ofstream f(opt.csv);
-    if (!f) throw Error("cannot write --csv file '" + opt.csv + "'");
+    std::ostringstream f;
     f << "matrix,mode,elements,dtype,bits_per_value,rel_error,sqnr_db,quant_gelem_per_s,dequant_gelem_per_s,"
-         "size_bytes\n";
+         "size_bytes,nonfinite_values\n";
     for (const EvalRow& r : rows)
       f << r.matrix << ',' << r.mode << ',' << r.elements << ',' << (opt.model_dir.empty() ? dtype_name(opt.dtype) : "model")
         << ',' << r.bits_per_value << ',' << r.rel_error << ',' << r.sqnr_db << ',' << r.quant_gelems << ','
-        << r.dequant_gelems << ',' << r.size_bytes << '\n';
-    if (!f) throw Error("failed writing --csv file '" + opt.csv + "'");
-    std::printf("\nwrote %s\n", opt.csv.c_str());
+        << r.dequant_gelems << ',' << r.size_bytes << ',' << r.nonfinite_values << '\n';
+    files.push_back({"--csv", opt.csv, f.str()});
   }
   if (!opt.png.empty()) {
     std::vector<PlotPoint> pts;
-    for (const EvalRow& r : summary) pts.push_back({r.bits_per_value, r.rel_error, r.mode});
+    std::vector<std::string> unplotted;
+    for (const EvalRow& r : summary) {
+      pts.push_back({r.bits_per_value, r.rel_error, r.mode});
+      if (!(r.rel_error > 0 && std::isfinite(r.rel_error))) unplotted.push_back(r.mode);
+    }
     const std::string what = opt.model_dir.empty() ? "synthetic weights" : fs::path(opt.model_dir).filename().string();
-    write_scatter_png(opt.png, "relative error vs bits per value (" + what + ")", "bits per value (scales included)",
-                      "relative error (rms, log scale)", pts);
-    std::printf("%swrote %s\n", opt.csv.empty() ? "\n" : "", opt.png.c_str());
+    const std::vector<unsigned char> png =
+        scatter_png("relative error vs bits per value (" + what + ")", "bits per value (scales included)",
+                    "relative error (rms, log scale)", pts);
+    files.push_back({"--png", opt.png, std::string(png.begin(), png.end())});
+    if (!unplotted.empty())
+      std::printf("note: not plotted (rel.error zero, nan or inf on a log axis): %s\n", join(unplotted).c_str());
   }
+  write_outputs(files);
+  for (std::size_t i = 0; i < files.size(); ++i) std::printf("%swrote %s\n", i == 0 ? "\n" : "", files[i].path.c_str());
   return rows;
 }
 

@@ -40,15 +40,25 @@ struct EvalRow {
   double quant_gelems = 0, dequant_gelems = 0;  // G elements per second, median run
   double size_bytes = 0;                        // quantized size: packed values, scales, biases, global scale
   std::int64_t elements = 0;
+  std::int64_t nonfinite_values = 0;  // NaN or Inf weight values; then rel_error and sqnr_db are NaN
 };
+
+// Relative rms error and SQNR (dB) from a summed squared error and the summed energy of the
+// weights. A NaN or Inf in either stays NaN (or Inf) instead of reading as a perfect score.
+struct ErrorStats {
+  double rel_error = 0, sqnr_db = 0;
+};
+ErrorStats error_stats(double squared_error, double energy);
 
 const std::vector<EvalMode>& eval_modes();
 const std::vector<std::string>& eval_matrices();
 
-// Checks the options (mode and matrix names, sizes, group divisibility); throws microscale::Error.
+// Checks the options (mode and matrix names, sizes, group divisibility, that the --csv and --png
+// files can be written); throws microscale::Error.
 void validate(const EvalOptions& opt);
 // Runs the evaluation, printing the aligned table to stdout as rows complete, then writes the
-// CSV and PNG files the options name. Returns every row, the "all" summary rows last.
+// CSV and PNG files the options name (atomically, both or neither). Returns every row, the "all"
+// summary rows last.
 std::vector<EvalRow> run_eval(const EvalOptions& opt);
 
 }  // namespace microscale::cli

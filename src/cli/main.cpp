@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "commands.hpp"
 #include "eval.hpp"
@@ -29,17 +30,18 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Parses and runs one command; errors other than a command-line one propagate to main.
+int run(int argc, char** argv) {
   namespace cli = microscale::cli;
-  CLI::App app{"microscale: microscaling block quantization (NVFP4, MXFP4, MXFP8, affine)"};
+  CLI::App app{"microscale: microscaling block quantization (NVFP4, MXFP4, MXFP8, affine)", "microscale"};
   app.set_version_flag("--version", std::string("microscale ") + MICROSCALE_VERSION);
   app.require_subcommand(0, 1);
+  app.footer("Run without arguments, microscale prints this help. `microscale eval` runs the evaluation with its "
+             "defaults; `microscale SUBCOMMAND --help` lists a subcommand's options.");
 
   CLI::App* eval = app.add_subcommand("eval", "quantization error, throughput and size of every mode on synthetic "
                                              "weight matrices or a model's weights; table, CSV and PNG (the default "
-                                             "subcommand)");
+                                             "subcommand when the arguments start with an option)");
   cli::EvalOptions opt;
   std::string modes, matrices, dtype = "bfloat16", out = "float32";
   eval->add_option("--rows", opt.rows, "rows of each synthetic matrix")->capture_default_str();
@@ -73,10 +75,15 @@ int main(int argc, char** argv) {
   eval->add_option("--threads", threads, "threads per call of the cpu backend (default: MICROSCALE_NUM_THREADS, "
                                          "OMP_NUM_THREADS or the CPUs this process may run on)");
 
-  // `eval` is the default: `microscale` and `microscale --rows 64` mean `microscale eval ...`.
+  // A bare `microscale` prints this help (exit 0) rather than starting a long run that writes files.
   std::vector<std::string> args(argv + 1, argv + argc);
-  const bool top_level_flag = !args.empty() && (args[0] == "-h" || args[0] == "--help" || args[0] == "--version");
-  if (args.empty() || (args[0].rfind("-", 0) == 0 && !top_level_flag)) args.insert(args.begin(), "eval");
+  if (args.empty()) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  }
+  // `eval` is the default subcommand: `microscale --rows 64` means `microscale eval --rows 64`.
+  const bool top_level_flag = args[0] == "-h" || args[0] == "--help" || args[0] == "--version";
+  if (args[0].rfind("-", 0) == 0 && !top_level_flag) args.insert(args.begin(), "eval");
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
 
   try {
@@ -84,35 +91,45 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  opt.modes = split_commas(modes);
+  opt.matrices = split_commas(matrices);
+  opt.dtype = microscale::dtype_from_name(dtype);
+  opt.out = microscale::dtype_from_name(out);
+  if (!backend.empty()) {
+    if (backend == "cpu")
+      microscale::set_backend(microscale::Backend::cpu);
+    else if (backend == "reference")
+      microscale::set_backend(microscale::Backend::reference);
+    else
+      throw microscale::Error("--backend must be cpu or reference, got '" + backend + "'");
+  }
+  if (!target.empty()) microscale::set_cpu_target(target);
+  if (threads < 0) throw microscale::Error("--threads must be >= 0, got " + std::to_string(threads));
+  if (threads > 0) microscale::set_num_threads(threads);
+  for (const cli::Command& c : commands)
+    if (c.app->parsed()) {
+      c.run();
+      return 0;
+    }
+  if (no_files) {
+    opt.csv.clear();
+    opt.png.clear();
+  }
+  cli::run_eval(opt);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
-    opt.modes = split_commas(modes);
-    opt.matrices = split_commas(matrices);
-    opt.dtype = microscale::dtype_from_name(dtype);
-    opt.out = microscale::dtype_from_name(out);
-    if (!backend.empty()) {
-      if (backend == "cpu")
-        microscale::set_backend(microscale::Backend::cpu);
-      else if (backend == "reference")
-        microscale::set_backend(microscale::Backend::reference);
-      else
-        throw microscale::Error("--backend must be cpu or reference, got '" + backend + "'");
-    }
-    if (!target.empty()) microscale::set_cpu_target(target);
-    if (threads < 0) throw microscale::Error("--threads must be >= 0, got " + std::to_string(threads));
-    if (threads > 0) microscale::set_num_threads(threads);
-    for (const cli::Command& c : commands)
-      if (c.app->parsed()) {
-        c.run();
-        return 0;
-      }
-    if (no_files) {
-      opt.csv.clear();
-      opt.png.clear();
-    }
-    cli::run_eval(opt);
+    return run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fputs("microscale: error: out of memory. Try smaller --rows/--cols (eval), fewer --threads, or free memory "
+               "by closing other programs.\n",
+               stderr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "microscale: error: %s\n", e.what());
-    return 1;
   }
-  return 0;
+  return 1;
 }

@@ -5,9 +5,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
-
-#include "microscale/dtype.hpp"
 
 namespace microscale::cli {
 
@@ -189,8 +186,8 @@ std::vector<unsigned char> encode_png_palette4(int w, int h, const std::vector<u
   return png;
 }
 
-void write_scatter_png(const std::string& path, const std::string& title, const std::string& xlabel,
-                       const std::string& ylabel, const std::vector<PlotPoint>& points) {
+std::vector<unsigned char> scatter_png(const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                                       const std::vector<PlotPoint>& points) {
   const int W = 900, H = 600, L = 90, R = 40, T = 60, B = 70;  // canvas and plot margins
   Canvas cv(W, H);
   std::vector<PlotPoint> pts;
@@ -266,10 +263,7 @@ void write_scatter_png(const std::string& path, const std::string& title, const 
     cv.text(x, y, pts[i].label, color);
   }
 
-  const std::vector<unsigned char> png = encode_png_palette4(W, H, cv.px, kPalette);
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
-  if (!f) throw Error("cannot write PNG file '" + path + "'");
+  return encode_png_palette4(W, H, cv.px, kPalette);
 }
 
 }  // namespace microscale::cli

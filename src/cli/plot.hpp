@@ -13,10 +13,10 @@ struct PlotPoint {
   std::string label;
 };
 
-// y is drawn on a log10 axis (relative errors span decades); points with y <= 0 are skipped.
-// Throws microscale::Error when the file cannot be written.
-void write_scatter_png(const std::string& path, const std::string& title, const std::string& xlabel,
-                       const std::string& ylabel, const std::vector<PlotPoint>& points);
+// The PNG file's bytes. y is drawn on a log10 axis (relative errors span decades); points with
+// y <= 0 or a non-finite coordinate are skipped.
+std::vector<unsigned char> scatter_png(const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                                       const std::vector<PlotPoint>& points);
 
 // The raw encoder: `pixels` holds w*h palette indices (0..15), row-major; palette is 16 RGB triples.
 std::vector<unsigned char> encode_png_palette4(int w, int h, const std::vector<unsigned char>& pixels,

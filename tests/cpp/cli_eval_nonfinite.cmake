@@ -1,0 +1,33 @@
+# `microscale eval` on a checkpoint whose weight holds a NaN: the run succeeds, but no statistic may
+# read as a perfect score: rel.error and SQNR are nan in the table and the CSV, the CSV counts the
+# non-finite values, and a note names them. WRITER makes the checkpoint in WORKDIR.
+file(REMOVE_RECURSE "${WORKDIR}")
+execute_process(COMMAND "${WRITER}" "${WORKDIR}/model" COMMAND_ERROR_IS_FATAL ANY)
+execute_process(COMMAND "${CLI}" eval "${WORKDIR}/model" --modes nvfp4,affine4-g64 --repeats 1
+                        --csv "${WORKDIR}/eval.csv" --png "${WORKDIR}/eval.png"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "eval exited ${rc}\n${out}\n${err}")
+endif()
+foreach(mode nvfp4 affine4-g64)
+  if(NOT out MATCHES "\nmodel +${mode} +[0-9.]+ +nan +nan ")
+    message(FATAL_ERROR "table row of ${mode} does not show nan rel.error and SQNR:\n${out}")
+  endif()
+endforeach()
+if(NOT out MATCHES "note: 1 weight value is NaN or Inf")
+  message(FATAL_ERROR "no note on the non-finite weight value:\n${out}")
+endif()
+file(STRINGS "${WORKDIR}/eval.csv" csv)
+list(GET csv 0 header)
+if(NOT header MATCHES ",rel_error,sqnr_db,.*,nonfinite_values$")
+  message(FATAL_ERROR "CSV header lacks rel_error, sqnr_db or nonfinite_values: ${header}")
+endif()
+list(LENGTH csv lines)
+if(NOT lines EQUAL 3)
+  message(FATAL_ERROR "expected a header and 2 rows in the CSV:\n${csv}")
+endif()
+foreach(row IN LISTS csv)
+  if(NOT row STREQUAL header AND NOT row MATCHES "^model,[^,]+,512,model,[^,]+,nan,nan,.*,1$")
+    message(FATAL_ERROR "CSV row does not show nan rel_error, sqnr_db and 1 non-finite value: ${row}")
+  endif()
+endforeach()
