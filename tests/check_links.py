@@ -1,6 +1,6 @@
 """Checks the links of the repository's Markdown documentation (README.md, the other top-level
 *.md files and docs/*.md): each must name a file or folder that exists inside the repository.
-Links to web addresses, absolute paths and paths that leave the repository (../shared/...) fail,
+Links to web addresses, absolute paths and paths that leave the repository (../sibling/...) fail,
 so the documentation reads the same from any checkout. Usage: check_links.py REPO_ROOT
 """
 import pathlib

@@ -10,7 +10,7 @@ from check_links import broken_links  # noqa: E402
 README = """# project
 [contract](docs/guide.md#rounding) and [layout](src/) and [top](#project)
 ![plot](docs/missing.png)
-see [shared](../shared/notes.md) or [web](https://example.com/page) or <http://example.org>
+see [sibling](../sibling/notes.md) or [web](https://example.com/page) or <http://example.org>
 [absolute](/etc/passwd) [mail](mailto:someone@example.com)
 
 [ref]: docs/nowhere.md
@@ -35,7 +35,7 @@ def main():
     reported = sorted(f.split(": ", 2)[0] + " " + f.split(": ", 2)[1] for f in failures)
     expected = sorted([
         "README.md:3 docs/missing.png",
-        "README.md:4 ../shared/notes.md",
+        "README.md:4 ../sibling/notes.md",
         "README.md:4 https://example.com/page",
         "README.md:4 http://example.org",
         "README.md:5 /etc/passwd",
