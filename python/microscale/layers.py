@@ -197,6 +197,9 @@ class QQLinear(_QuantizedWeight):
                  nonfinite="propagate", elem="e4m3"):
         super().__init__(weight, scales, None, mode, group_size, bits, global_scale, elem)
         self.bias = None if bias is None else np.asarray(bias)
+        if input_global_scale is not None and self.global_scale is None:
+            raise ValueError("QQLinear: input_global_scale needs a three-level nvfp4 weight "
+                             "(global_scale); other modes have no activation global scale")
         self.input_global_scale = None if input_global_scale is None else _activation_amax(
             input_global_scale, "QQLinear: input_global_scale")
         self.scale_rule = scale_rule

@@ -132,10 +132,11 @@ def test_qqlinear_errors(rng):
     (np.zeros((3, 64), np.float32), "every calibration batch is all zeros"),
     (np.full((3, 64), np.nan, np.float32), r"batches\[1\] has 192 NaN or Inf values"),
     (np.full((2, 64), np.inf, F16), r"batches\[1\] has 128 NaN or Inf values"),
+    (np.full((1, 64), -np.inf, BF16), r"batches\[1\] has 64 NaN or Inf values"),
     (np.ones((3, 32), np.float32), r"batches\[1\] must have shape \[\.\.\., 64\] \(in_features\)"),
     (np.float32(1.0), r"batches\[1\] must have shape"),
     (np.ones((3, 64), np.int32), r"batches\[1\]: unsupported dtype int32"),
-], ids=["zeros", "nan", "inf", "wrong-K", "scalar", "int"])
+], ids=["zeros", "nan", "inf", "bf16-inf", "wrong-K", "scalar", "int"])
 def test_qqlinear_calibrate_refuses_bad_batches(batch, match, rng):
     """A calibration that would freeze a zero or meaningless activation scale is an error that
     names the batch, and leaves the layer as it was."""
@@ -162,6 +163,9 @@ def test_qqlinear_input_global_scale_checked(value, rng):
     with pytest.raises(ValueError, match="QQLinear: input_global_scale must be a finite number > 0"):
         microscale.QQLinear(layer.weight, layer.scales, mode="nvfp4", global_scale=layer.global_scale,
                             input_global_scale=value)
+    # Where there is no activation global scale, one given is an error rather than ignored.
+    with pytest.raises(ValueError, match="input_global_scale needs a three-level nvfp4 weight"):
+        microscale.QQLinear(layer.weight, layer.scales, mode="nvfp4", input_global_scale=1.0)
 
 
 def test_docstring_examples():
