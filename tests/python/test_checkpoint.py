@@ -141,6 +141,46 @@ def test_w4a4_and_errors(tmp_path):
         microscale.save_checkpoint(tmp_path / "d", layers, export="gguf")
 
 
+@pytest.mark.parametrize("export, amaxes, match", [
+    ("compressed-tensors", [-5.0, 7.0], r"input_amax is not a finite non-negative float32 number: -5"),
+    ("modelopt", [float("nan"), 7.0], r"input_amax is not a finite non-negative float32 number: nan"),
+    ("compressed-tensors", [1e39, 7.0], r"input_amax is not a finite non-negative float32 number"),
+    ("compressed-tensors", [7.0, None], r"W4A4 needs a static activation amax for every quantized layer"),
+    ("mlx", [7.0, 7.0], r"exist for nvfp4 with export compressed-tensors or modelopt only, not 'mlx'"),
+], ids=["negative", "nan", "overflow", "partial", "mlx"])
+def test_save_refuses_input_amax_it_cannot_write(tmp_path, export, amaxes, match):
+    """The CLI's --activation-amax rules: nothing is written, and no input_amax is dropped."""
+    layers = _layers(make_tensors(layers=1), "nvfp4", global_scale=True)
+    for q, a in zip(layers.values(), amaxes * len(layers)):
+        q.input_amax = a
+    with pytest.raises(ValueError, match=match):
+        microscale.save_checkpoint(tmp_path / "out", layers, export=export)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_save_refuses_input_amax_on_other_modes(tmp_path):
+    layers = _layers(make_tensors(layers=1), "mxfp4")
+    for q in layers.values():
+        q.input_amax = 7.0
+    with pytest.raises(ValueError, match="exist for nvfp4 only, the layer is mxfp4"):
+        microscale.save_checkpoint(tmp_path / "out", layers, export="compressed-tensors")
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("arg, value, match", [
+    ("config", [1, 2], r"config must be a dict \(config.json's object\) or None, got list"),
+    ("config", "{}", r"config must be a dict"),
+    ("layers", [], r"layers must be a dict \{module: QuantizedWeight\}, got list"),
+    ("tensors", [np.zeros(2)], r"tensors must be a dict \{name: array\} or None, got list"),
+])
+def test_save_argument_types(tmp_path, arg, value, match):
+    kw = dict(layers=_layers(make_tensors(layers=1), "mxfp4"), export="mlx")
+    kw[arg] = value
+    with pytest.raises(TypeError, match=match):
+        microscale.save_checkpoint(tmp_path / "out", **kw)
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_load_sharded_float_model(tmp_path):
     t = make_tensors(layers=2)
     write_model(str(tmp_path), t, shards=2)

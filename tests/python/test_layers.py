@@ -128,6 +128,46 @@ def test_qqlinear_errors(rng):
         microscale.QQLinear.from_linear(randn(rng, (4, 32)), mode="affine")
 
 
+@pytest.mark.parametrize("batch, match", [
+    (np.zeros((3, 64), np.float32), "every calibration batch is all zeros"),
+    (np.full((3, 64), np.nan, np.float32), r"batches\[1\] has 192 NaN or Inf values"),
+    (np.full((2, 64), np.inf, F16), r"batches\[1\] has 128 NaN or Inf values"),
+    (np.full((1, 64), -np.inf, BF16), r"batches\[1\] has 64 NaN or Inf values"),
+    (np.ones((3, 32), np.float32), r"batches\[1\] must have shape \[\.\.\., 64\] \(in_features\)"),
+    (np.float32(1.0), r"batches\[1\] must have shape"),
+    (np.ones((3, 64), np.int32), r"batches\[1\]: unsupported dtype int32"),
+], ids=["zeros", "nan", "inf", "bf16-inf", "wrong-K", "scalar", "int"])
+def test_qqlinear_calibrate_refuses_bad_batches(batch, match, rng):
+    """A calibration that would freeze a zero or meaningless activation scale is an error that
+    names the batch, and leaves the layer as it was."""
+    layer = microscale.QQLinear.from_linear(randn(rng, (8, 64)), mode="nvfp4")
+    good = randn(rng, (3, 64))
+    # Zeros are refused only when every batch is zero; one good batch calibrates fine.
+    batches = [np.zeros_like(batch), batch] if "all zeros" in match else [good, batch]
+    with pytest.raises((ValueError, TypeError), match=match):
+        layer.calibrate(batches)
+    assert layer.input_global_scale is None
+    assert layer.calibrate([good, np.zeros((3, 64), np.float32)]).input_global_scale == \
+        microscale.global_scale(good)
+    # One NaN among finite values is refused too (global_scale alone would skip it).
+    x = good.copy()
+    x[2, 5] = np.nan
+    with pytest.raises(ValueError, match=r"batches\[0\] has 1 NaN or Inf values \(the first at index \(2, 5\)\)"):
+        layer.calibrate([x])
+
+
+@pytest.mark.parametrize("value", [0.0, -5.0, float("nan"), float("inf")])
+def test_qqlinear_input_global_scale_checked(value, rng):
+    w = randn(rng, (8, 64))
+    layer = microscale.QQLinear.from_linear(w, mode="nvfp4")
+    with pytest.raises(ValueError, match="QQLinear: input_global_scale must be a finite number > 0"):
+        microscale.QQLinear(layer.weight, layer.scales, mode="nvfp4", global_scale=layer.global_scale,
+                            input_global_scale=value)
+    # Where there is no activation global scale, one given is an error rather than ignored.
+    with pytest.raises(ValueError, match="input_global_scale needs a three-level nvfp4 weight"):
+        microscale.QQLinear(layer.weight, layer.scales, mode="nvfp4", input_global_scale=1.0)
+
+
 def test_docstring_examples():
     import doctest
     import microscale.layers
