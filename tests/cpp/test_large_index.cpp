@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -42,16 +43,21 @@ class RepeatedTile {
       throw std::runtime_error("the tile is not a whole number of pages");
     const std::size_t tiles = (static_cast<std::size_t>(count) * sizeof(T) + tile_bytes - 1) / tile_bytes;
     bytes_ = tiles * tile_bytes;
-    std::FILE* file = std::tmpfile();
-    if (!file || std::fwrite(tile.data(), 1, tile_bytes, file) != tile_bytes || std::fflush(file) != 0)
+    struct Close {
+      void operator()(std::FILE* f) const { std::fclose(f); }
+    };
+    const std::unique_ptr<std::FILE, Close> file(std::tmpfile());
+    if (!file || std::fwrite(tile.data(), 1, tile_bytes, file.get()) != tile_bytes || std::fflush(file.get()) != 0)
       throw std::runtime_error("cannot write the tile's temporary file");
     base_ = mmap(nullptr, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base_ == MAP_FAILED) throw std::runtime_error("cannot reserve " + std::to_string(bytes_) + " bytes");
     for (std::size_t t = 0; t < tiles; ++t)
       if (mmap(static_cast<char*>(base_) + t * tile_bytes, tile_bytes, PROT_READ, MAP_PRIVATE | MAP_FIXED,
-               fileno(file), 0) == MAP_FAILED)
+               fileno(file.get()), 0) == MAP_FAILED) {
+        munmap(base_, bytes_);
         throw std::runtime_error("cannot map tile " + std::to_string(t));
-    std::fclose(file);  // the mappings keep the file
+      }
+    // Closing the file leaves the mappings (and the file's pages) in place.
   }
   ~RepeatedTile() { munmap(base_, bytes_); }
   RepeatedTile(const RepeatedTile&) = delete;
@@ -101,14 +107,14 @@ struct Piece {
 };
 
 // The values the big row holds: a tile repeated, then `patches` pieces of their own values.
-struct Layout {
+struct RowValues {
   Piece tile;
   std::vector<Piece> patches;
 };
 
 // Compares the quantized row (rows of `bits` bits, one scale per `group` values) with `want`,
 // one tile's length at a time; reports the first differing byte of at most a few stretches.
-void expect_row(const std::uint8_t* packed, const std::uint8_t* scales, int bits, int group, const Layout& want) {
+void expect_row(const std::uint8_t* packed, const std::uint8_t* scales, int bits, int group, const RowValues& want) {
   const std::int64_t T = want.tile.count;
   std::vector<std::uint8_t> p, s;
   int failures = 0;
@@ -157,7 +163,7 @@ TEST(LargeIndex, ReferenceNvfp4RowLongerThan2To31) {
   };
   const std::vector<float> tile = random_values(kTileBytes / sizeof(float), 1);
   RepeatedTile<float> x(tile, kK);
-  Layout want;
+  RowValues want;
   run(tile.data(), static_cast<std::int64_t>(tile.size()), want.tile);
   for (const auto& [first, seed] : {std::pair{kHead, 2u}, std::pair{kTail, 3u}}) {
     const std::vector<float> v = random_values(kPatch, seed);
@@ -200,7 +206,7 @@ TEST(LargeIndex, CpuNvfp4RowLongerThan2To31) {
     const auto* s = q.scales.data<std::uint8_t>();
     return Piece{first, count, std::vector<std::uint8_t>(p, p + count / 2), std::vector<std::uint8_t>(s, s + count / 16)};
   };
-  const Layout want{piece(tile, 0), {piece(head, kHead), piece(tail, kTail)}};
+  const RowValues want{piece(tile, 0), {piece(head, kHead), piece(tail, kTail)}};
   {
     const microscale::Quantized q = microscale::quantize(big, spec);
     ASSERT_EQ(q.packed.shape(), (Shape{1, kK / 2}));
