@@ -229,6 +229,15 @@ __global__ void gemv_finish_kernel(MatmulArgs a) {
 
 unsigned grid_limit(std::int64_t n) { return static_cast<unsigned>(std::clamp<std::int64_t>(n, 1, 65535)); }
 
+// gridDim.x of a kernel that covers N output columns in `blocks` blocks: these kernels have no
+// grid-stride loop over columns, so a grid that cannot hold them all is an error, not a silent
+// truncation of the unsigned launch argument.
+unsigned grid_x(std::int64_t blocks, std::int64_t N) {
+  constexpr std::int64_t kMaxGridX = 2147483647;  // 2^31 - 1, CUDA's limit on gridDim.x
+  require(blocks <= kMaxGridX, "matmul: N = " + std::to_string(N) + " output columns exceed the kernel's grid");
+  return static_cast<unsigned>(blocks);
+}
+
 void launched(const char* what) { check(cudaGetLastError(), std::string(what) + " launch"); }
 
 void finish(MatmulArgs a, Stream stream) {
@@ -241,7 +250,7 @@ template <int NX, int NW>
 void launch_gemm(const MatmulArgs& a, Stream stream) {
   const std::int64_t mtiles = (a.M + kBM - 1) / kBM;
   require(mtiles <= 65535, "matmul: M = " + std::to_string(a.M) + " rows exceed the kernel's grid");
-  const dim3 grid(static_cast<unsigned>((a.N + kBN - 1) / kBN), static_cast<unsigned>(mtiles), grid_limit(a.batches));
+  const dim3 grid(grid_x((a.N + kBN - 1) / kBN, a.N), static_cast<unsigned>(mtiles), grid_limit(a.batches));
   gemm_kernel<NX, NW><<<grid, kGemmThreads, 0, stream>>>(a);
   launched("gemm");
 }
@@ -276,14 +285,14 @@ void run_matmul(MatmulArgs a, const std::vector<BatchPair>& pairs, Stream stream
     else
       launch_gemm_for_x<1>(a, stream);
   } else if (a.transpose) {
-    const dim3 grid(static_cast<unsigned>((a.N + kGemvWarps - 1) / kGemvWarps), grid_limit(a.batches));
+    const dim3 grid(grid_x((a.N + kGemvWarps - 1) / kGemvWarps, a.N), grid_limit(a.batches));
     gemv_t_kernel<<<grid, kGemvWarps * 32, 0, stream>>>(a);
     launched("gemv");
   } else {
     a.splits = static_cast<int>(std::clamp<std::int64_t>((a.K + 127) / 128, 1, 64));  // ~128 k per thread
     Scratch partial(static_cast<std::size_t>(a.splits * a.batches * a.M * a.N) * sizeof(float), stream);
     a.partial = static_cast<float*>(partial.get());
-    const dim3 grid(static_cast<unsigned>((a.N / 8 + 127) / 128), static_cast<unsigned>(a.splits),
+    const dim3 grid(grid_x((a.N / 8 + 127) / 128, a.N), static_cast<unsigned>(a.splits),
                     grid_limit(a.batches));
     gemv_n_kernel<<<grid, 128, 0, stream>>>(a);
     launched("gemv");

@@ -29,7 +29,8 @@ float block_amax(const float* x, int n) {
   return m;
 }
 
-void put_nibble(std::uint8_t* row, int i, std::uint8_t code) {
+// i is an element index within the row: 64-bit, since rows may hold more than 2^31 values.
+void put_nibble(std::uint8_t* row, std::int64_t i, std::uint8_t code) {
   row[i / 2] = static_cast<std::uint8_t>(row[i / 2] | (code << ((i & 1) * 4)));
 }
 
@@ -49,7 +50,7 @@ Nvfp4Factors nvfp4_factors(const QuantSpec& spec) {
 }
 
 void nvfp4_block(const float* x, const Nvfp4Factors& f, NonFinite policy, std::uint8_t* row,
-                 int first, std::uint8_t* scale) {
+                 std::int64_t first, std::uint8_t* scale) {
   constexpr int G = 16;
   if (policy != NonFinite::saturate && !all_finite(x, G)) {
     *scale = 0x7F;  // E4M3 NaN; element codes stay 0
@@ -122,7 +123,7 @@ std::uint8_t e8m0_scale(float bamax, const ElemFormat& ef, ScaleRule rule, DType
 }
 
 void mx_block(const float* x, const ElemFormat& ef, const QuantSpec& spec, DType src,
-              std::uint8_t* row, int first, std::uint8_t* scale) {
+              std::uint8_t* row, std::int64_t first, std::uint8_t* scale) {
   constexpr int G = 32;
   if (spec.nonfinite != NonFinite::saturate && !all_finite(x, G)) {
     *scale = 0xFF;  // E8M0 NaN; element codes stay 0
@@ -204,7 +205,7 @@ void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, cons
     std::uint8_t* pr = packed + r * row_bytes;
     for (std::int64_t j = 0; j < groups; ++j) {
       const float* xb = xr + j * g;
-      const int first = static_cast<int>(j * g);
+      const std::int64_t first = j * g;
       std::byte* sp = scales + static_cast<std::size_t>(r * groups + j) * scale_size;
       switch (spec.mode) {
         case Mode::nvfp4:
