@@ -135,4 +135,97 @@ TEST(HostileCheckpoint, HugeEmptyLayersStillWork) {
   EXPECT_EQ(d.layers[0].weight.spec.group_size, 64);
 }
 
+// ---- index and shards that disagree
+
+// A float model in two shards with the given index text; shard 1 holds a, b, shard 2 holds c.
+fs::path sharded_model(const TempDir& dir, const std::string& weight_map) {
+  const fs::path m = dir / "sharded";
+  fs::create_directories(m);
+  write_bytes(m / "config.json", bytes_of("{}"));
+  const Bytes d = pattern(4 * 32 * 4);
+  save_safetensors(m / "s1.safetensors", {{"l.a.weight", StDType::f32, {4, 32}, d}, {"l.b.weight", StDType::f32, {4, 32}, d}});
+  save_safetensors(m / "s2.safetensors", {{"l.c.weight", StDType::f32, {4, 32}, d}});
+  write_bytes(m / "model.safetensors.index.json", bytes_of(R"({"metadata":{},"weight_map":{)" + weight_map + "}}"));
+  return m;
+}
+
+void expect_quantize_refuses(const TempDir& dir, const fs::path& model, std::initializer_list<std::string> parts) {
+  QuantizeOptions o;
+  o.spec.mode = Mode::nvfp4;
+  expect_error([&] { quantize_checkpoint(model, dir / "q", o); }, parts);
+  EXPECT_FALSE(fs::exists(dir / "q" / "model.safetensors.index.json"));
+}
+
+TEST(HostileCheckpoint, ShardTensorMissingFromIndexIsRefused) {
+  // l.b.weight is in s1 but not in the weight_map: it used to vanish from every output.
+  TempDir dir;
+  const fs::path m = sharded_model(dir, R"("l.a.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
+  expect_all_refuse(dir, m, {"s1.safetensors", "holds tensor \"l.b.weight\"", "does not map"});
+  expect_quantize_refuses(dir, m, {"s1.safetensors", "\"l.b.weight\""});
+}
+
+TEST(HostileCheckpoint, IndexTensorMissingFromShardIsRefused) {
+  TempDir dir;
+  const fs::path m = sharded_model(
+      dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors","l.d.weight":"s2.safetensors")");
+  expect_all_refuse(dir, m, {"s2.safetensors", "does not contain tensor \"l.d.weight\""});
+  expect_quantize_refuses(dir, m, {"s2.safetensors", "\"l.d.weight\""});
+  // The consistent index works.
+  const fs::path ok = sharded_model(dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
+  EXPECT_EQ(inspect_checkpoint(ok).rows.size(), 3u);
+}
+
+// ---- paths that are not checkpoints
+
+TEST(HostileCheckpoint, WrongPathsSayWhatIsExpected) {
+  TempDir dir;
+  const fs::path m = sharded_model(dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
+  expect_error([&] { (void)inspect_checkpoint(""); }, {"no model path given", "expected a model directory"});
+  expect_error([&] { (void)load_checkpoint(dir / "nope"); }, {"nope: no such file or directory", "expected a model directory"});
+  expect_error([&] { (void)inspect_checkpoint(m / "config.json"); },
+               {"config.json is the model's configuration, not its weights", "pass the directory"});
+  write_bytes(dir / "other.json", bytes_of(R"({"a":1})"));
+  expect_error([&] { (void)inspect_checkpoint(dir / "other.json"); },
+               {"other.json", "not a checkpoint index", "expected a model directory"});
+  expect_error([&] { (void)SafetensorsFile::open(""); }, {"no file given"});
+}
+
+TEST(HostileCheckpoint, NonRegularFilesAreRefusedByName) {
+  TempDir dir;
+  const fs::path m = dir / "model";
+  fs::create_directories(m / "model.safetensors");
+  expect_error([&] { (void)inspect_checkpoint(m); }, {(m / "model.safetensors").string(), "is a directory, not a regular file"});
+  expect_error([&] { (void)SafetensorsFile::open("/dev/null"); }, {"/dev/null: is a device"});
+  expect_error([&] { (void)inspect_checkpoint("/dev/null"); }, {"/dev/null: is a device"});
+}
+
+// A FIFO used to block the open forever: the checks run in a child process that SIGALRM ends
+// after 20 s, so the test fails instead of hanging when the refusal is missing.
+TEST(HostileCheckpointDeathTest, FifosAreRefusedNotWaitedOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  const fs::path m = dir / "model", f = m / "model.safetensors";
+  fs::create_directories(m);
+  ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0);
+  const fs::path withcfg = dir / "cfg";
+  fs::create_directories(withcfg);
+  save_safetensors(withcfg / "model.safetensors", {{"x", StDType::f32, {1}, pattern(4)}});
+  ASSERT_EQ(::mkfifo((withcfg / "config.json").c_str(), 0600), 0);
+  const fs::path withindex = dir / "idx";
+  fs::create_directories(withindex);
+  ASSERT_EQ(::mkfifo((withindex / "model.safetensors.index.json").c_str(), 0600), 0);
+  EXPECT_EXIT(
+      {
+        ::alarm(20);
+        expect_error([&] { (void)SafetensorsFile::open(f); }, {f.string(), "is a FIFO (named pipe), not a regular file"});
+        expect_error([&] { (void)Checkpoint::open(m); }, {f.string(), "FIFO"});
+        expect_error([&] { (void)inspect_checkpoint(m); }, {f.string(), "FIFO"});
+        expect_error([&] { (void)load_checkpoint(f); }, {f.string(), "FIFO"});
+        expect_error([&] { (void)inspect_checkpoint(withcfg); }, {"config.json", "FIFO"});
+        expect_error([&] { (void)inspect_checkpoint(withindex); }, {"model.safetensors.index.json", "FIFO"});
+        std::exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 }  // namespace
