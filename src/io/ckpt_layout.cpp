@@ -263,10 +263,16 @@ Shape rows_cols(const StTensor& t) {
   return t.shape;
 }
 
+// A stored scale must be finite and so must the amax it stands for: 2688 / 1e-40 is not, and a
+// layer every operation would refuse later must be refused by all of them up front.
 void check_global(const Layer& l) {
-  const float v = l.global.value;
-  const bool bad = l.global.kind == Global::ct_encode ? !(std::isfinite(v) && v > 0) : !(std::isfinite(v) && v >= 0);
-  if (bad) layer_error(l.module, "invalid global scale: " + l.global.describe());
+  auto bad = [](const Global& g) {
+    const float v = g.value;
+    return (g.kind == Global::ct_encode ? !(std::isfinite(v) && v > 0) : !(std::isfinite(v) && v >= 0)) ||
+           !std::isfinite(g.to_amax());
+  };
+  if (bad(l.global)) layer_error(l.module, "invalid global scale: " + l.global.describe());
+  if (l.act && bad(*l.act)) layer_error(l.module, "invalid activation scale: " + l.act->describe());
 }
 
 Layer read_ct(const Checkpoint& ck, const std::string& m) {
@@ -301,6 +307,7 @@ Layer read_ct(const Checkpoint& ck, const std::string& m) {
   l.packed = p.data;
   l.scales = s.data;
   check_global(l);
+  (void)l.spec();  // validates mode/group/bits and the global scale
   return l;
 }
 
@@ -328,6 +335,7 @@ Layer read_modelopt(const Checkpoint& ck, const std::string& m) {
   l.packed = p.data;
   l.scales = s.data;
   check_global(l);
+  (void)l.spec();  // validates mode/group/bits and the global scale
   return l;
 }
 

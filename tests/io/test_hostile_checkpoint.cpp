@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <csignal>
 
 #include "io_support.hpp"
@@ -121,6 +122,36 @@ TEST(HostileCheckpoint, PackedWidthOverflowCompressedTensorsAndModelOpt) {
                                     entry("m.weight_scale_2", "F32", "[]", 0, 4),
                                 g),
                     {"layer \"m\"", "[0, 4611686018427387904]", "overflow"});
+}
+
+Bytes f32(float v) {
+  Bytes b(4);
+  std::memcpy(b.data(), &v, 4);
+  return b;
+}
+
+TEST(HostileCheckpoint, GlobalScalesWhoseAmaxIsNotFinite) {
+  // 2688 / 1e-40 overflows float: convert used to copy such a layer that load then refused.
+  TempDir dir;
+  Bytes d = pattern(32 + 4);
+  for (std::size_t i = 32; i < 36; ++i) d[i] = std::byte{0x38};  // E4M3 1.0 block scales
+  Bytes ct = d, tiny = f32(1e-40f);
+  ct.insert(ct.end(), tiny.begin(), tiny.end());
+  const std::string layer = entry("m.weight_packed", "U8", "[4,8]", 0, 32) + "," +
+                            entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) + ",";
+  expect_all_refuse(dir, write_model(dir, "{}", layer + entry("m.weight_global_scale", "F32", "[1]", 36, 40), ct),
+                    {"layer \"m\"", "invalid global scale"});
+  // A NaN activation scale was never looked at.
+  Bytes mo = d, one = f32(1.0f), nan = f32(std::nanf(""));
+  mo.insert(mo.end(), one.begin(), one.end());
+  mo.insert(mo.end(), nan.begin(), nan.end());
+  expect_all_refuse(dir,
+                    write_model(dir, "{}",
+                                entry("m.weight", "U8", "[4,8]", 0, 32) + "," + entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) +
+                                    "," + entry("m.weight_scale_2", "F32", "[]", 36, 40) + "," +
+                                    entry("m.input_scale", "F32", "[]", 40, 44),
+                                mo),
+                    {"layer \"m\"", "invalid activation scale"});
 }
 
 TEST(HostileCheckpoint, HugeEmptyLayersStillWork) {
