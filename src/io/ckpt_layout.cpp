@@ -85,7 +85,7 @@ void check_dims(const Layer& l) {
   (void)mul(m, l.cols(), 64, "bits in a row of K = " + std::to_string(l.cols()));
 }
 
-// K from a packed width of `width` items of `item_bits` bits each, holding `bits`-bit elements.
+// K of a packed weight: its width in `item_bits`-bit words (U8 or U32) holding `bits`-bit elements.
 std::int64_t unpacked_cols(const std::string& m, const StTensor& packed, int item_bits, int bits) {
   const std::int64_t total = mul(m, packed.shape[1], item_bits,
                                  "packed weight " + fmt_shape(packed.shape) + " " + st_dtype_name(packed.dtype) + ": bits per row");

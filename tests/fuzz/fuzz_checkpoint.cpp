@@ -45,7 +45,9 @@ constexpr std::int64_t kConfigInts[] = {0, 2, 3, 4, 5, 6, 8, 16, 32, 64, 128, -1
 const char* const kModes[] = {nullptr, "affine", "nvfp4", "mxfp4", "mxfp8", "bogus"};
 const char* const kModules[] = {"m", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
                                 "model.layers.0.mlp.gate_proj", "lm_head", "model.embed_tokens",
-                                "model.norm", "x"};
+                                "model.norm", "x",
+                                // hostile: empty, dots, glob characters, non-ASCII, a control byte
+                                "", ".", "a..b", "layers.*.q_proj", "\xc3\xa9.q_proj", "m\n", "__metadata__"};
 const char* const kSuffixes[] = {".weight", ".weight_packed", ".weight_scale", ".weight_global_scale",
                                  ".weight_scale_2", ".input_scale", ".input_global_scale", ".scales",
                                  ".biases", ".weight_zero_point", ".bias", ""};

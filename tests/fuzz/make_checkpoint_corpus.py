@@ -10,7 +10,7 @@ DIMS = [0, 1, 2, 3, 4, 8, 16, 32, 64, 128, 4096, 2**31 - 1, 2**31, 2**32, 2**32 
         2**43, 2**58, 2**60, 2**61, 2**62, 2**63 - 1]
 CONFIG_INTS = [0, 2, 3, 4, 5, 6, 8, 16, 32, 64, 128, -1, -4, 1, 7, 9, 256, 2**32 + 4, 2**32 + 32, 2**40, 2**63 - 1]
 MODES = [None, "affine", "nvfp4", "mxfp4", "mxfp8", "bogus"]
-MODULES = ["m", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+MODULES = ["m", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",  # first entries of kModules
            "model.layers.0.mlp.gate_proj", "lm_head", "model.embed_tokens", "model.norm", "x"]
 SUFFIXES = [".weight", ".weight_packed", ".weight_scale", ".weight_global_scale", ".weight_scale_2",
             ".input_scale", ".input_global_scale", ".scales", ".biases", ".weight_zero_point", ".bias", ""]
