@@ -51,6 +51,22 @@ std::string read_small_file(const fs::path& path) {
   return ss.str();
 }
 
+// For a model directory without the standard names: the safetensors files it does hold, if any,
+// so the message can say which one to pass.
+std::string other_weights(const fs::path& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors" || e.path().filename().string().ends_with(".safetensors.index.json"))
+      found.push_back(e.path().filename().string());
+  if (found.empty()) return "; expected a model directory with one of those, a .safetensors file or an index";
+  std::sort(found.begin(), found.end());
+  std::string list;
+  for (std::size_t i = 0; i < found.size() && i < 3; ++i) list += (i ? ", " : "") + quote(found[i]);
+  if (found.size() > 3) list += ", ...";
+  return "; it has " + list + ": pass that file (or its index) instead of the directory";
+}
+
 }  // namespace
 
 struct Checkpoint::Impl {
@@ -89,7 +105,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     else if (fs::exists(p / "model.safetensors", ec))
       p /= "model.safetensors";
     else
-      fail(p.string(), "directory holds neither model.safetensors.index.json nor model.safetensors");
+      fail(p.string(), "directory holds neither model.safetensors.index.json nor model.safetensors" + other_weights(p));
   }
   Checkpoint c;
   c.impl_ = std::make_unique<Impl>();

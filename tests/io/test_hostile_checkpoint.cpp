@@ -219,6 +219,13 @@ TEST(HostileCheckpoint, WrongPathsSayWhatIsExpected) {
   expect_error([&] { (void)inspect_checkpoint(dir / "other.json"); },
                {"other.json", "not a checkpoint index", "expected a model directory"});
   expect_error([&] { (void)SafetensorsFile::open(""); }, {"no file given"});
+  // A directory without the standard names says what it does hold.
+  fs::create_directories(dir / "odd");
+  expect_error([&] { (void)inspect_checkpoint(dir / "odd"); },
+               {"holds neither model.safetensors.index.json nor model.safetensors", "expected a model directory"});
+  save_safetensors(dir / "odd" / "weights.safetensors", {{"x", StDType::f32, {1}, pattern(4)}});
+  expect_error([&] { (void)inspect_checkpoint(dir / "odd"); }, {"it has \"weights.safetensors\": pass that file"});
+  EXPECT_EQ(inspect_checkpoint(dir / "odd" / "weights.safetensors").rows.size(), 1u);
 }
 
 TEST(HostileCheckpoint, NonRegularFilesAreRefusedByName) {
