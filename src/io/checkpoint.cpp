@@ -38,6 +38,7 @@ bool is_contained(const fs::path& rel) {
 }
 
 std::string read_small_file(const fs::path& path) {
+  detail::require_regular_file(path, "a checkpoint index (model.safetensors.index.json)");
   std::error_code ec;
   auto size = fs::file_size(path, ec);
   if (ec) fail(path.string(), "cannot read: " + ec.message());
@@ -48,6 +49,22 @@ std::string read_small_file(const fs::path& path) {
   std::ostringstream ss;
   if (!in || !(ss << in.rdbuf())) fail(path.string(), "cannot read");
   return ss.str();
+}
+
+// For a model directory without the standard names: the safetensors files it does hold, if any,
+// so the message can say which one to pass.
+std::string other_weights(const fs::path& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors" || e.path().filename().string().ends_with(".safetensors.index.json"))
+      found.push_back(e.path().filename().string());
+  if (found.empty()) return "; expected a model directory with one of those, a .safetensors file or an index";
+  std::sort(found.begin(), found.end());
+  std::string list;
+  for (std::size_t i = 0; i < found.size() && i < 3; ++i) list += (i ? ", " : "") + quote(found[i]);
+  if (found.size() > 3) list += ", ...";
+  return "; it has " + list + ": pass that file (or its index) instead of the directory";
 }
 
 }  // namespace
@@ -88,7 +105,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     else if (fs::exists(p / "model.safetensors", ec))
       p /= "model.safetensors";
     else
-      fail(p.string(), "directory holds neither model.safetensors.index.json nor model.safetensors");
+      fail(p.string(), "directory holds neither model.safetensors.index.json nor model.safetensors" + other_weights(p));
   }
   Checkpoint c;
   c.impl_ = std::make_unique<Impl>();
@@ -108,7 +125,9 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   Json j = detail::parse_json(read_small_file(p), s.source, "index", 64);
   if (!j.is_object()) fail(s.source, "index is not a JSON object");
   auto wm = j.find("weight_map");
-  if (wm == j.end() || !wm->is_object()) fail(s.source, "index has no \"weight_map\" object");
+  if (wm == j.end() || !wm->is_object())
+    fail(s.source, "not a checkpoint index: no \"weight_map\" object; expected a model directory (with "
+                   "model.safetensors or model.safetensors.index.json), a .safetensors file or an index");
   if (auto md = j.find("metadata"); md != j.end() && !md->is_null()) {
     if (!md->is_object()) fail(s.source, "index \"metadata\" is not an object");
     for (auto& [k, v] : md->items()) {
@@ -177,10 +196,14 @@ void Checkpoint::validate() const {
   for (std::size_t i = 0; i < s.shards.size(); ++i) {
     const SafetensorsFile& f = s.file(i);
     if (f.size() == mapped[i]) continue;
+    std::vector<std::string> extra;
     for (const StTensor& t : f.tensors())
-      if (s.shard_index.count(t.name) == 0 || s.shard_no(t.name) != i)
-        fail(s.source, "shard " + quote(f.source()) + " holds tensor " + quote(t.name) +
-                           " that the index does not map to it");
+      if (s.shard_index.count(t.name) == 0 || s.shard_no(t.name) != i) extra.push_back(quote(t.name));
+    std::string list;
+    for (std::size_t k = 0; k < extra.size() && k < 5; ++k) list += (k ? ", " : "") + extra[k];
+    if (extra.size() > 5) list += ", ... (" + std::to_string(extra.size()) + " in all)";
+    fail(s.source, "shard " + quote(f.source()) + " holds " + (extra.size() == 1 ? "tensor " : "tensors ") + list +
+                       " that the index does not map to it (its weight_map would drop them); fix the index or the shard");
   }
 }
 

@@ -33,17 +33,32 @@ bool is_other_weights(const fs::path& rel) {
 }  // namespace
 
 Input open_input(const fs::path& path) {
+  static const std::string expected =
+      "expected a model directory (holding model.safetensors or model.safetensors.index.json with its shards), "
+      "a .safetensors file or a model.safetensors.index.json";
+  if (path.empty()) throw Error("no model path given; " + expected);
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error(path.string() + ": no such file or directory");
+  if (!fs::exists(path, ec)) throw Error(path.string() + ": no such file or directory; " + expected);
   const bool dir = fs::is_directory(path, ec);
+  if (!dir) {
+    // The model's config.json parses as JSON, so without this it would be read as an index.
+    if (path.filename() == "config.json" || path.filename() == "hf_quant_config.json")
+      throw Error(path.string() + " is the model's configuration, not its weights; pass the directory holding it (" +
+                  expected + ")");
+    detail::require_regular_file(path, expected);
+  }
   Input in{dir ? path : (path.has_parent_path() ? path.parent_path() : fs::path(".")), Checkpoint::open(path), nullptr,
            false, {}, {}};
   in.indexed = dir ? fs::exists(path / "model.safetensors.index.json", ec) : path.extension() == ".json";
   in.index_name = dir ? fs::path("model.safetensors.index.json") : path.filename();
+  // The index and its shards must agree: a tensor the weight_map leaves out would be dropped from
+  // every output, one it names but its shard lacks would fail half-way through writing.
+  if (in.indexed) in.ck.validate();
   const fs::path base = fs::absolute(in.dir).lexically_normal();
   for (const fs::path& s : in.ck.shards()) in.shard_rel.push_back(fs::absolute(s).lexically_normal().lexically_relative(base));
   const fs::path cfg = in.dir / "config.json";
-  if (fs::is_regular_file(cfg, ec)) {
+  if (fs::exists(cfg, ec)) {
+    detail::require_regular_file(cfg, "the model's config.json");
     if (fs::file_size(cfg, ec) > kMaxConfigBytes) throw Error(cfg.string() + ": larger than 64 MiB");
     std::ifstream f(cfg, std::ios::binary);
     std::ostringstream ss;

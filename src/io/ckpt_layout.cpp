@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -59,6 +60,37 @@ std::string quote(std::string_view s) { return detail::quote(s); }
 
 [[noreturn]] void layer_error(const std::string& module, const std::string& what) {
   throw Error("layer " + quote(module) + ": " + what);
+}
+
+// Shape arithmetic on dims from hostile headers and configs: a product that would wrap int64 is
+// an error naming the layer, never a silently wrong (negative, truncated) shape.
+std::int64_t mul(const std::string& module, std::int64_t a, std::int64_t b, const std::string& what) {
+  std::int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    layer_error(module, what + ": " + std::to_string(a) + " x " + std::to_string(b) + " overflows 64 bits");
+  return r;
+}
+
+// Every layer leaving a reader (or entering a writer) has a group of at least one element that
+// divides K, and sizes that stay far from int64 overflow: the logical tensor in 8-byte floats and a
+// row in bits of the widest dtype. Downstream code may then multiply and divide these freely.
+void check_dims(const Layer& l) {
+  const std::string& m = l.module;
+  if (l.shape.size() != 2 || l.rows() < 0 || l.cols() < 0)
+    layer_error(m, "logical shape " + fmt_shape(l.shape) + " is not a 2-D shape");
+  if (l.group < 1) layer_error(m, "group size " + std::to_string(l.group) + " (must be at least 1)");
+  if (l.cols() % l.group != 0)
+    layer_error(m, "K = " + std::to_string(l.cols()) + " is not a multiple of the group size " + std::to_string(l.group));
+  (void)mul(m, mul(m, l.rows(), l.cols(), "elements of " + fmt_shape(l.shape)), 8, "bytes of " + fmt_shape(l.shape));
+  (void)mul(m, l.cols(), 64, "bits in a row of K = " + std::to_string(l.cols()));
+}
+
+// K of a packed weight: its width in `item_bits`-bit words (U8 or U32) holding `bits`-bit elements.
+std::int64_t unpacked_cols(const std::string& m, const StTensor& packed, int item_bits, int bits) {
+  const std::int64_t total = mul(m, packed.shape[1], item_bits,
+                                 "packed weight " + fmt_shape(packed.shape) + " " + st_dtype_name(packed.dtype) + ": bits per row");
+  if (total % bits != 0) layer_error(m, "packed width does not hold whole " + std::to_string(bits) + "-bit elements");
+  return total / bits;
 }
 
 float scalar_f32(const StTensor& t, const std::string& what) {
@@ -161,6 +193,7 @@ QuantSpec Layer::spec() const {
 // ---- writing a layer
 
 std::vector<Out> emit(const Layer& l, Convention c) {
+  check_dims(l);
   const std::string& m = l.module;
   const std::int64_t n = l.rows(), k = l.cols();
   std::vector<Out> out;
@@ -230,10 +263,16 @@ Shape rows_cols(const StTensor& t) {
   return t.shape;
 }
 
+// A stored scale must be finite and so must the amax it stands for: 2688 / 1e-40 is not, and a
+// layer every operation would refuse later must be refused by all of them up front.
 void check_global(const Layer& l) {
-  const float v = l.global.value;
-  const bool bad = l.global.kind == Global::ct_encode ? !(std::isfinite(v) && v > 0) : !(std::isfinite(v) && v >= 0);
-  if (bad) layer_error(l.module, "invalid global scale: " + l.global.describe());
+  auto bad = [](const Global& g) {
+    const float v = g.value;
+    return (g.kind == Global::ct_encode ? !(std::isfinite(v) && v > 0) : !(std::isfinite(v) && v >= 0)) ||
+           !std::isfinite(g.to_amax());
+  };
+  if (bad(l.global)) layer_error(l.module, "invalid global scale: " + l.global.describe());
+  if (l.act && bad(*l.act)) layer_error(l.module, "invalid activation scale: " + l.act->describe());
 }
 
 Layer read_ct(const Checkpoint& ck, const std::string& m) {
@@ -244,7 +283,7 @@ Layer read_ct(const Checkpoint& ck, const std::string& m) {
     layer_error(m, "weight_packed is " + std::string(st_dtype_name(p.dtype)) +
                        "; only the nvfp4-pack-quantized and mxfp4-pack-quantized formats (uint8) are supported");
   const Shape pk = rows_cols(p);
-  l.shape = {pk[0], pk[1] * 2};
+  l.shape = {pk[0], unpacked_cols(m, p, 8, 4)};
   const StTensor& s = need(ck, m, m + ".weight_scale", "block scales");
   l.sources = {p.name, s.name};
   if (s.dtype == StDType::f8_e4m3) {
@@ -263,11 +302,12 @@ Layer read_ct(const Checkpoint& ck, const std::string& m) {
   } else {
     layer_error(m, std::string("weight_scale dtype ") + st_dtype_name(s.dtype) + " is neither F8_E4M3 (nvfp4) nor U8 (mxfp4)");
   }
-  if (l.cols() % l.group != 0) layer_error(m, "K = " + std::to_string(l.cols()) + " is not a multiple of the group size");
+  check_dims(l);
   check_shape(s, s.dtype, {l.rows(), l.cols() / l.group});
   l.packed = p.data;
   l.scales = s.data;
   check_global(l);
+  (void)l.spec();  // validates mode/group/bits and the global scale
   return l;
 }
 
@@ -281,10 +321,10 @@ Layer read_modelopt(const Checkpoint& ck, const std::string& m) {
     layer_error(m, std::string("ModelOpt layer with weight ") + st_dtype_name(p.dtype) + " and weight_scale " +
                        st_dtype_name(s.dtype) + " is not NVFP4 (expected U8 and F8_E4M3)");
   const Shape pk = rows_cols(p);
-  l.shape = {pk[0], pk[1] * 2};
+  l.shape = {pk[0], unpacked_cols(m, p, 8, 4)};
   l.mode = Mode::nvfp4;
   l.group = 16;
-  if (l.cols() % 16 != 0) layer_error(m, "K is not a multiple of 16");
+  check_dims(l);
   check_shape(s, StDType::f8_e4m3, {l.rows(), l.cols() / 16});
   l.global = {Global::modelopt_decode, scalar_f32(g, "weight_scale_2")};
   l.sources = {p.name, s.name, g.name};
@@ -295,13 +335,15 @@ Layer read_modelopt(const Checkpoint& ck, const std::string& m) {
   l.packed = p.data;
   l.scales = s.data;
   check_global(l);
+  (void)l.spec();  // validates mode/group/bits and the global scale
   return l;
 }
 
-// MLX's quantization block: the global one with a module's own overrides applied.
+// MLX's quantization block: the global one with a module's own overrides applied. Integers are
+// kept at full width so that a hostile 2^32 + 4 is not read as 4.
 struct MlxParams {
   std::optional<std::string> mode;
-  std::optional<int> group, bits;
+  std::optional<std::int64_t> group, bits;
 };
 MlxParams mlx_params(const Json& config, const std::string& m) {
   MlxParams p;
@@ -311,10 +353,18 @@ MlxParams mlx_params(const Json& config, const std::string& m) {
     q = config.find("quantization_config");
     if (q == config.end() || !q->is_object() || !q->contains("bits")) return p;
   }
-  auto take = [&p](const Json& o) {
+  auto integer = [&m](const Json& v, const char* key) -> std::optional<std::int64_t> {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      layer_error(m, std::string("config.json gives ") + key + " " + v.dump() + ", out of range");
+    if (v.is_number_integer()) return v.get<std::int64_t>();
+    return std::nullopt;
+  };
+  auto take = [&](const Json& o) {
     if (auto it = o.find("mode"); it != o.end() && it->is_string()) p.mode = it->get<std::string>();
-    if (auto it = o.find("group_size"); it != o.end() && it->is_number_integer()) p.group = it->get<int>();
-    if (auto it = o.find("bits"); it != o.end() && it->is_number_integer()) p.bits = it->get<int>();
+    if (auto it = o.find("group_size"); it != o.end())
+      if (auto v = integer(*it, "group_size")) p.group = v;
+    if (auto it = o.find("bits"); it != o.end())
+      if (auto v = integer(*it, "bits")) p.bits = v;
   };
   take(*q);
   if (auto it = q->find(m); it != q->end() && it->is_object()) take(*it);
@@ -329,6 +379,8 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
   if (w.dtype != StDType::u32) layer_error(m, std::string("MLX packed weight is ") + st_dtype_name(w.dtype) + ", expected U32");
   const Shape ws = rows_cols(w), ss = rows_cols(s);
   if (ss[0] != ws[0] || ss[1] == 0) layer_error(m, "scales " + fmt_shape(ss) + " do not fit weight " + fmt_shape(ws));
+  // Bits per packed row, before anything divides by or multiplies the width.
+  (void)mul(m, ws[1], 32, "packed weight " + fmt_shape(ws) + " U32: bits per row");
   const MlxParams cfg = mlx_params(config, m);
   l.sources = {w.name, s.name};
   if (s.dtype == StDType::u8) {
@@ -344,15 +396,24 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     l.mode = mode_from_name(mode);
     l.bits = l.mode == Mode::mxfp8 ? 8 : 4;
     l.group = l.mode == Mode::nvfp4 ? 16 : 32;
+    l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
   } else if (s.dtype == StDType::f32 || s.dtype == StDType::f16 || s.dtype == StDType::bf16) {
     if (cfg.mode && *cfg.mode != "affine") layer_error(m, "config says mode " + *cfg.mode + " but scales are " + st_dtype_name(s.dtype));
     if (!cfg.bits) layer_error(m, "MLX affine layer, but config.json has no \"quantization\" block giving its bits");
+    // Range-checked here because K divides by it; resolve() (via spec()) then takes only 2-6 and 8.
+    if (*cfg.bits < 1 || *cfg.bits > 8)
+      layer_error(m, "config.json gives bits " + std::to_string(*cfg.bits) + " (expected 2, 3, 4, 5, 6 or 8)");
     l.mode = Mode::affine;
-    l.bits = *cfg.bits;
+    l.bits = static_cast<int>(*cfg.bits);
     l.float_dtype = s.dtype;
-    const std::int64_t k = ws[1] * 32 / l.bits;
+    l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
+    const std::int64_t k = l.cols();
     if (k % ss[1] != 0) layer_error(m, "scales " + fmt_shape(ss) + " do not divide K = " + std::to_string(k));
-    l.group = static_cast<int>(k / ss[1]);
+    const std::int64_t group = k / ss[1];
+    if (group < 1 || group > 1024)
+      layer_error(m, "scales " + fmt_shape(ss) + " over K = " + std::to_string(k) + " give group size " +
+                         std::to_string(group) + " (MLX affine uses 32, 64 or 128)");
+    l.group = static_cast<int>(group);
     const StTensor& b = need(ck, m, m + ".biases", "affine biases");
     check_shape(b, s.dtype, ss);
     l.biases = b.data;
@@ -360,10 +421,9 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
   } else {
     layer_error(m, std::string("MLX scales of dtype ") + st_dtype_name(s.dtype));
   }
-  if (ws[1] * 32 % l.bits != 0) layer_error(m, "packed width does not hold whole elements");
-  l.shape = {ws[0], ws[1] * 32 / l.bits};
   if (cfg.group && l.mode != Mode::affine && *cfg.group != l.group && cfg.mode)
     layer_error(m, "config group_size " + std::to_string(*cfg.group) + " does not match " + name(l.mode));
+  check_dims(l);
   check_shape(s, s.dtype, {l.rows(), l.cols() / l.group});
   l.packed = w.data;
   l.scales = s.data;

@@ -1,5 +1,9 @@
 // Element types, size arithmetic, strict JSON parsing and header layout shared by reader and writer.
+#include <sys/stat.h>
+
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <limits>
 #include <unordered_set>
 
@@ -96,6 +100,19 @@ std::uint64_t st_nbytes(StDType t, const Shape& shape) {
 namespace detail {
 
 void fail(const std::string& source, const std::string& what) { throw Error(source + ": " + what); }
+
+void require_regular_file(const std::filesystem::path& path, const std::string& expected) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    fail(path.string(), std::string("cannot open: ") + std::strerror(errno) + "; expected " + expected);
+  if (S_ISREG(st.st_mode)) return;
+  const char* what = S_ISDIR(st.st_mode)                           ? "a directory"
+                     : S_ISFIFO(st.st_mode)                        ? "a FIFO (named pipe)"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                     : S_ISSOCK(st.st_mode)                        ? "a socket"
+                                                                   : "not a regular file";
+  fail(path.string(), std::string("is ") + what + ", not a regular file; expected " + expected);
+}
 
 std::string quote(std::string_view s) {
   constexpr std::size_t kMax = 120;

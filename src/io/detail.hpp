@@ -21,6 +21,11 @@ using Json = nlohmann::ordered_json;
 // Error whose message starts with the file (or label) it is about.
 [[noreturn]] void fail(const std::string& source, const std::string& what);
 
+// Refuses `path` unless it is a regular file (symlinks followed), before anything opens it: a FIFO
+// would block the open forever, and a directory or device is no checkpoint. The message names the
+// path, what it is, and `expected` ("a .safetensors file").
+void require_regular_file(const std::filesystem::path& path, const std::string& expected);
+
 // A name as it appears in messages: JSON-quoted (control bytes escaped), long names shortened.
 std::string quote(std::string_view s);
 

@@ -39,7 +39,11 @@ SafetensorsFile::~SafetensorsFile() = default;
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   SafetensorsFile f;
   f.source_ = path.string();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (path.empty()) fail("(empty path)", "no file given; expected a .safetensors file");
+  detail::require_regular_file(path, "a .safetensors file");
+  // O_NONBLOCK: should the path turn into a FIFO after the check, the open still returns (and
+  // fstat refuses it); for regular files the flag changes nothing.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(f.source_, std::string("cannot open: ") + std::strerror(errno));
   auto map = std::make_shared<Mapping>();
   struct stat st {};

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Builds the safetensors fuzz target with clang (libFuzzer + AddressSanitizer + UBSan) outside the
-# CMake build and runs it for SECONDS (default 60) over the seed corpus.
+# Builds the fuzz targets with clang (libFuzzer + AddressSanitizer + UBSan) outside the main CMake
+# build and runs each for SECONDS (default 60) over its seed corpus:
+#   safetensors  the safetensors parser alone (fuzz_safetensors.cpp, seeds in corpus/)
+#   checkpoint   whole model directories through inspect / load / dequantize / convert /
+#                quantize (fuzz_checkpoint.cpp, seeds in corpus_checkpoint/)
 #   tests/fuzz/run.sh [SECONDS] [extra libFuzzer flags...]
-# New inputs go to $FUZZ_DIR/corpus (default build-fuzz/), never into the committed seeds; a
-# finding leaves its input as $FUZZ_DIR/crash-* and makes the script exit non-zero.
+# FUZZ_TARGETS picks targets (default "safetensors checkpoint"). New inputs go to
+# $FUZZ_DIR/corpus-<target> (default build-fuzz/), never into the committed seeds; a finding
+# leaves its input as $FUZZ_DIR/crash-* and makes the script exit non-zero.
 set -euo pipefail
 secs=${1:-60}
 shift || true
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=${FUZZ_DIR:-$root/build-fuzz}
 cxx=${CLANGXX:-clang++}
+targets=${FUZZ_TARGETS:-safetensors checkpoint}
 
 probe() {  # can $cxx link a libFuzzer target that includes nlohmann-json?
   command -v "$cxx" >/dev/null 2>&1 || return 1
@@ -28,20 +33,49 @@ if ! probe; then
   probe || { echo "run.sh: $cxx still cannot build a libFuzzer target" >&2; exit 1; }
 fi
 
-mkdir -p "$work/corpus"
-bin="$work/fuzz_safetensors"
-"$cxx" -std=c++20 -O1 -g -fno-omit-frame-pointer \
-  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I"$root/include" -I"$root/src" \
-  "$root/tests/fuzz/fuzz_safetensors.cpp" \
-  "$root/src/io/common.cpp" "$root/src/io/reader.cpp" \
-  "$root/src/core/dtype.cpp" "$root/src/core/tensor.cpp" \
-  -o "$bin"
+flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -I"$root/include" -I"$root/src")
 
-# Every seed must run clean first (valid seeds exercise the round trip invariants).
-"$bin" -runs=0 "$root/tests/fuzz/corpus"
+build_safetensors() {
+  "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_safetensors.cpp" \
+    "$root/src/io/common.cpp" "$root/src/io/reader.cpp" \
+    "$root/src/core/dtype.cpp" "$root/src/core/tensor.cpp" \
+    -o "$work/fuzz_safetensors"
+}
 
-"$bin" "$work/corpus" "$root/tests/fuzz/corpus" \
-  -dict="$root/tests/fuzz/safetensors.dict" \
-  -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
-  -artifact_prefix="$work/" -print_final_stats=1 "$@"
+build_checkpoint() {
+  # The whole library (CUDA aside), from the project's own CMake lists, instrumented for coverage
+  # and sanitizers; incremental across runs. Highway builds only its baseline target here: the
+  # kernels' other targets are the CPU tests' business and would take minutes to instrument.
+  local lib="$work/lib" gen=() launcher=()
+  command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+  command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S "$root" -B "$lib" "${gen[@]}" "${launcher[@]}" -DCMAKE_CXX_COMPILER="$(command -v "$cxx")" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="-DHWY_COMPILE_ONLY_STATIC=1" \
+    -DMICROSCALE_SANITIZE=fuzzer-no-link,address,undefined -DMICROSCALE_CUDA=OFF \
+    -DMICROSCALE_BUILD_TESTS=OFF -DMICROSCALE_BUILD_CLI=OFF -DMICROSCALE_BUILD_BENCH=OFF \
+    -DMICROSCALE_BUILD_PYTHON=OFF >/dev/null
+  cmake --build "$lib" --target microscale -j "$(nproc)"
+  # shellcheck disable=SC2046  # pkg-config prints several words
+  "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_checkpoint.cpp" "$lib/libmicroscale.a" \
+    $(pkg-config --libs libhwy) -pthread -o "$work/fuzz_checkpoint"
+}
+
+mkdir -p "$work"
+for t in $targets; do
+  case $t in
+    safetensors) seeds="$root/tests/fuzz/corpus"; extra=(-dict="$root/tests/fuzz/safetensors.dict") ;;
+    checkpoint) seeds="$root/tests/fuzz/corpus_checkpoint"; extra=() ;;
+    *) echo "run.sh: unknown fuzz target '$t' (safetensors, checkpoint)" >&2; exit 2 ;;
+  esac
+  echo "=== fuzz_$t: build" >&2
+  "build_$t"
+  bin="$work/fuzz_$t"
+  mkdir -p "$work/corpus-$t"
+  # Every seed must run clean first (valid seeds exercise the invariants).
+  "$bin" -runs=0 "$seeds"
+  echo "=== fuzz_$t: ${secs} s" >&2
+  "$bin" "$work/corpus-$t" "$seeds" "${extra[@]}" \
+    -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+    -artifact_prefix="$work/" -print_final_stats=1 "$@"
+done

@@ -1,0 +1,269 @@
+// Hostile model directories: quantized layers whose shapes, dtypes or config values would make the
+// layout arithmetic divide by zero or overflow, inconsistent indexes, and paths that are not
+// checkpoints. Every whole-checkpoint operation must refuse them with an Error naming the culprit.
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <csignal>
+
+#include "io_support.hpp"
+#include "microscale/checkpoint.hpp"
+
+namespace {
+
+using namespace microscale;
+using namespace microscale::io;
+using namespace iot;
+
+// One tensor entry of a hand-written header (the data offsets are the caller's business).
+std::string entry(const std::string& name, const std::string& dtype, const std::string& shape,
+                  std::uint64_t begin = 0, std::uint64_t end = 0) {
+  return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape + ",\"data_offsets\":[" +
+         std::to_string(begin) + "," + std::to_string(end) + "]}";
+}
+
+// `dir`/model with config.json and a model.safetensors made of `entries` (a header body) and `data`.
+fs::path write_model(const TempDir& dir, const std::string& config, const std::string& entries,
+                     const Bytes& data = {}) {
+  const fs::path m = dir / "model";
+  fs::create_directories(m);
+  write_bytes(m / "config.json", bytes_of(config));
+  write_bytes(m / "model.safetensors", raw_file("{" + entries + "}", data));
+  return m;
+}
+
+// inspect, load, dequantize and convert all refuse `model` with a message holding `parts`, and
+// leave no output checkpoint behind.
+void expect_all_refuse(const TempDir& dir, const fs::path& model, std::initializer_list<std::string> parts) {
+  SCOPED_TRACE(model.string());
+  expect_error([&] { (void)inspect_checkpoint(model); }, parts);
+  expect_error([&] { (void)inspect_checkpoint(model, false); }, parts);
+  expect_error([&] { (void)load_checkpoint(model); }, parts);
+  expect_error([&] { dequantize_checkpoint(model, dir / "dq", DequantizeOptions()); }, parts);
+  for (Convention to : {Convention::compressed_tensors, Convention::modelopt, Convention::mlx}) {
+    ConvertOptions o;
+    o.to = to;
+    o.force = true;
+    expect_error([&] { convert_checkpoint(model, dir / "cv", o); }, parts);
+  }
+  for (const char* out : {"dq", "cv"}) EXPECT_FALSE(fs::exists(dir / out / "model.safetensors")) << out;
+}
+
+const std::string kMlxAffine4 = R"({"quantization": {"group_size": 64, "bits": 4}})";
+
+TEST(HostileCheckpoint, MlxEmptyRowsHugeGroupDoesNotDivideByZero) {
+  // The reported SIGFPE: K = 2^40 * 32 / 4 over one scale column gives a group of 2^43, which
+  // used to be truncated to int 0 and then divided by.
+  TempDir dir;
+  const fs::path m = write_model(dir, kMlxAffine4,
+                                 entry("m.weight", "U32", "[0,1099511627776]") + "," +
+                                     entry("m.scales", "F16", "[0,1]") + "," + entry("m.biases", "F16", "[0,1]"));
+  expect_all_refuse(dir, m, {"layer \"m\"", "group size 8796093022208"});
+}
+
+TEST(HostileCheckpoint, MlxZeroWidthWeightHasNoGroup) {
+  // K = 0 with one scale column: a group of 0 elements.
+  TempDir dir;
+  const fs::path m = write_model(dir, kMlxAffine4,
+                                 entry("m.weight", "U32", "[0,0]") + "," + entry("m.scales", "F16", "[0,1]") + "," +
+                                     entry("m.biases", "F16", "[0,1]"));
+  expect_all_refuse(dir, m, {"layer \"m\"", "group size 0"});
+}
+
+TEST(HostileCheckpoint, MlxConfigBitsAndGroupOutOfRange) {
+  TempDir dir;
+  const std::string w = entry("m.weight", "U32", "[0,8]") + "," + entry("m.scales", "F16", "[0,1]") + "," +
+                        entry("m.biases", "F16", "[0,1]");
+  // bits 0 divided K; 2^32 + 4 used to truncate to 4.
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": 0}})", w),
+                    {"layer \"m\"", "bits 0"});
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": -4}})", w),
+                    {"layer \"m\"", "bits -4"});
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": 4294967300}})", w),
+                    {"layer \"m\"", "bits 4294967300"});
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 4294967328, "bits": 4, "mode": "mxfp4"}})",
+                                     entry("m.weight", "U32", "[0,8]") + "," + entry("m.scales", "U8", "[0,2]")),
+                    {"layer \"m\"", "group_size 4294967328"});
+}
+
+TEST(HostileCheckpoint, MlxPackedWidthOverflow) {
+  // 2^62 words * 32 bits wraps int64 (it used to report "group_size -512").
+  TempDir dir;
+  expect_all_refuse(dir,
+                    write_model(dir, kMlxAffine4,
+                                entry("m.weight", "U32", "[0,4611686018427387904]") + "," +
+                                    entry("m.scales", "F16", "[0,1]") + "," + entry("m.biases", "F16", "[0,1]")),
+                    {"layer \"m\"", "[0, 4611686018427387904]", "overflow"});
+  expect_all_refuse(dir,
+                    write_model(dir, "{}",
+                                entry("m.weight", "U32", "[0,4611686018427387904]") + "," +
+                                    entry("m.scales", "U8", "[0,1]")),
+                    {"layer \"m\"", "overflow"});
+}
+
+TEST(HostileCheckpoint, PackedWidthOverflowCompressedTensorsAndModelOpt) {
+  // K = 2 * 2^62 wraps to a negative width ("expected F8_E4M3 [0, -576460752303423488]").
+  TempDir dir;
+  Bytes g(4);
+  const float one = 1.0f;
+  std::memcpy(g.data(), &one, 4);
+  expect_all_refuse(dir,
+                    write_model(dir, "{}",
+                                entry("m.weight_packed", "U8", "[0,4611686018427387904]") + "," +
+                                    entry("m.weight_scale", "F8_E4M3", "[0,1]") + "," +
+                                    entry("m.weight_global_scale", "F32", "[1]", 0, 4),
+                                g),
+                    {"layer \"m\"", "[0, 4611686018427387904]", "overflow"});
+  expect_all_refuse(dir,
+                    write_model(dir, "{}",
+                                entry("m.weight", "U8", "[0,4611686018427387904]") + "," +
+                                    entry("m.weight_scale", "F8_E4M3", "[0,1]") + "," +
+                                    entry("m.weight_scale_2", "F32", "[]", 0, 4),
+                                g),
+                    {"layer \"m\"", "[0, 4611686018427387904]", "overflow"});
+}
+
+Bytes f32(float v) {
+  Bytes b(4);
+  std::memcpy(b.data(), &v, 4);
+  return b;
+}
+
+TEST(HostileCheckpoint, GlobalScalesWhoseAmaxIsNotFinite) {
+  // 2688 / 1e-40 overflows float: convert used to copy such a layer that load then refused.
+  TempDir dir;
+  Bytes d = pattern(32 + 4);
+  for (std::size_t i = 32; i < 36; ++i) d[i] = std::byte{0x38};  // E4M3 1.0 block scales
+  Bytes ct = d, tiny = f32(1e-40f);
+  ct.insert(ct.end(), tiny.begin(), tiny.end());
+  const std::string layer = entry("m.weight_packed", "U8", "[4,8]", 0, 32) + "," +
+                            entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) + ",";
+  expect_all_refuse(dir, write_model(dir, "{}", layer + entry("m.weight_global_scale", "F32", "[1]", 36, 40), ct),
+                    {"layer \"m\"", "invalid global scale"});
+  // A NaN activation scale was never looked at.
+  Bytes mo = d, one = f32(1.0f), nan = f32(std::nanf(""));
+  mo.insert(mo.end(), one.begin(), one.end());
+  mo.insert(mo.end(), nan.begin(), nan.end());
+  expect_all_refuse(dir,
+                    write_model(dir, "{}",
+                                entry("m.weight", "U8", "[4,8]", 0, 32) + "," + entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) +
+                                    "," + entry("m.weight_scale_2", "F32", "[]", 36, 40) + "," +
+                                    entry("m.input_scale", "F32", "[]", 40, 44),
+                                mo),
+                    {"layer \"m\"", "invalid activation scale"});
+}
+
+TEST(HostileCheckpoint, HugeEmptyLayersStillWork) {
+  // Wide but empty layers within range are not errors: zero rows hold no data.
+  TempDir dir;
+  const fs::path m = write_model(dir, kMlxAffine4,
+                                 entry("m.weight", "U32", "[0,1048576]") + "," + entry("m.scales", "F16", "[0,131072]") +
+                                     "," + entry("m.biases", "F16", "[0,131072]"));
+  const CheckpointData d = load_checkpoint(m);
+  ASSERT_EQ(d.layers.size(), 1u);
+  EXPECT_EQ(d.layers[0].weight.shape, (Shape{0, 8388608}));
+  EXPECT_EQ(d.layers[0].weight.spec.group_size, 64);
+}
+
+// ---- index and shards that disagree
+
+// A float model in two shards with the given index text; shard 1 holds a, b, shard 2 holds c.
+fs::path sharded_model(const TempDir& dir, const std::string& weight_map) {
+  const fs::path m = dir / "sharded";
+  fs::create_directories(m);
+  write_bytes(m / "config.json", bytes_of("{}"));
+  const Bytes d = pattern(4 * 32 * 4);
+  save_safetensors(m / "s1.safetensors", {{"l.a.weight", StDType::f32, {4, 32}, d}, {"l.b.weight", StDType::f32, {4, 32}, d}});
+  save_safetensors(m / "s2.safetensors", {{"l.c.weight", StDType::f32, {4, 32}, d}});
+  write_bytes(m / "model.safetensors.index.json", bytes_of(R"({"metadata":{},"weight_map":{)" + weight_map + "}}"));
+  return m;
+}
+
+void expect_quantize_refuses(const TempDir& dir, const fs::path& model, std::initializer_list<std::string> parts) {
+  QuantizeOptions o;
+  o.spec.mode = Mode::nvfp4;
+  expect_error([&] { quantize_checkpoint(model, dir / "q", o); }, parts);
+  EXPECT_FALSE(fs::exists(dir / "q" / "model.safetensors.index.json"));
+}
+
+TEST(HostileCheckpoint, ShardTensorMissingFromIndexIsRefused) {
+  // l.b.weight is in s1 but not in the weight_map: it used to vanish from every output.
+  TempDir dir;
+  const fs::path m = sharded_model(dir, R"("l.a.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
+  expect_all_refuse(dir, m, {"s1.safetensors", "holds tensor \"l.b.weight\"", "does not map"});
+  expect_quantize_refuses(dir, m, {"s1.safetensors", "\"l.b.weight\""});
+}
+
+TEST(HostileCheckpoint, IndexTensorMissingFromShardIsRefused) {
+  TempDir dir;
+  const fs::path m = sharded_model(
+      dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors","l.d.weight":"s2.safetensors")");
+  expect_all_refuse(dir, m, {"s2.safetensors", "does not contain tensor \"l.d.weight\""});
+  expect_quantize_refuses(dir, m, {"s2.safetensors", "\"l.d.weight\""});
+  // The consistent index works.
+  const fs::path ok = sharded_model(dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
+  EXPECT_EQ(inspect_checkpoint(ok).rows.size(), 3u);
+}
+
+// ---- paths that are not checkpoints
+
+TEST(HostileCheckpoint, WrongPathsSayWhatIsExpected) {
+  TempDir dir;
+  const fs::path m = sharded_model(dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
+  expect_error([&] { (void)inspect_checkpoint(""); }, {"no model path given", "expected a model directory"});
+  expect_error([&] { (void)load_checkpoint(dir / "nope"); }, {"nope: no such file or directory", "expected a model directory"});
+  expect_error([&] { (void)inspect_checkpoint(m / "config.json"); },
+               {"config.json is the model's configuration, not its weights", "pass the directory"});
+  write_bytes(dir / "other.json", bytes_of(R"({"a":1})"));
+  expect_error([&] { (void)inspect_checkpoint(dir / "other.json"); },
+               {"other.json", "not a checkpoint index", "expected a model directory"});
+  expect_error([&] { (void)SafetensorsFile::open(""); }, {"no file given"});
+  // A directory without the standard names says what it does hold.
+  fs::create_directories(dir / "odd");
+  expect_error([&] { (void)inspect_checkpoint(dir / "odd"); },
+               {"holds neither model.safetensors.index.json nor model.safetensors", "expected a model directory"});
+  save_safetensors(dir / "odd" / "weights.safetensors", {{"x", StDType::f32, {1}, pattern(4)}});
+  expect_error([&] { (void)inspect_checkpoint(dir / "odd"); }, {"it has \"weights.safetensors\": pass that file"});
+  EXPECT_EQ(inspect_checkpoint(dir / "odd" / "weights.safetensors").rows.size(), 1u);
+}
+
+TEST(HostileCheckpoint, NonRegularFilesAreRefusedByName) {
+  TempDir dir;
+  const fs::path m = dir / "model";
+  fs::create_directories(m / "model.safetensors");
+  expect_error([&] { (void)inspect_checkpoint(m); }, {(m / "model.safetensors").string(), "is a directory, not a regular file"});
+  expect_error([&] { (void)SafetensorsFile::open("/dev/null"); }, {"/dev/null: is a device"});
+  expect_error([&] { (void)inspect_checkpoint("/dev/null"); }, {"/dev/null: is a device"});
+}
+
+// A FIFO used to block the open forever: the checks run in a child process that SIGALRM ends
+// after 20 s, so the test fails instead of hanging when the refusal is missing.
+TEST(HostileCheckpointDeathTest, FifosAreRefusedNotWaitedOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  const fs::path m = dir / "model", f = m / "model.safetensors";
+  fs::create_directories(m);
+  ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0);
+  const fs::path withcfg = dir / "cfg";
+  fs::create_directories(withcfg);
+  save_safetensors(withcfg / "model.safetensors", {{"x", StDType::f32, {1}, pattern(4)}});
+  ASSERT_EQ(::mkfifo((withcfg / "config.json").c_str(), 0600), 0);
+  const fs::path withindex = dir / "idx";
+  fs::create_directories(withindex);
+  ASSERT_EQ(::mkfifo((withindex / "model.safetensors.index.json").c_str(), 0600), 0);
+  EXPECT_EXIT(
+      {
+        ::alarm(20);
+        expect_error([&] { (void)SafetensorsFile::open(f); }, {f.string(), "is a FIFO (named pipe), not a regular file"});
+        expect_error([&] { (void)Checkpoint::open(m); }, {f.string(), "FIFO"});
+        expect_error([&] { (void)inspect_checkpoint(m); }, {f.string(), "FIFO"});
+        expect_error([&] { (void)load_checkpoint(f); }, {f.string(), "FIFO"});
+        expect_error([&] { (void)inspect_checkpoint(withcfg); }, {"config.json", "FIFO"});
+        expect_error([&] { (void)inspect_checkpoint(withindex); }, {"model.safetensors.index.json", "FIFO"});
+        std::exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
