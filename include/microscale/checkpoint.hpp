@@ -32,9 +32,14 @@
 // W4A16_NVFP4) unless per-module activation amaxes are supplied; a W4A4 request without them is
 // refused.
 //
-// Every file is written atomically (temporary name, then rename); an existing non-empty output
+// The whole output is built in a hidden sibling directory `.<out>.tmp.<pid>` and moved into place
+// at the end (swapped atomically with an existing one under `force`, which keeps the old
+// directory's files that are not part of a checkpoint). So an error, a full disk or a kill leaves
+// `out` as it was or complete, never a mix; a staging directory left by a kill is refused by every
+// operation here and removed by the next run into the same `out`. An existing non-empty output
 // directory is refused unless `force`. Tensors stream one at a time, so peak memory stays near
-// the largest single tensor (input pages are released after use).
+// the largest single tensor (input pages are released after use). The progress callback may
+// throw to stop a run (the CLI does on SIGINT/SIGTERM); nothing is left behind then.
 #pragma once
 
 #include <cstdint>

@@ -2,9 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -39,6 +42,45 @@ void print_summary(const char* verb, const io::Report& r, const fs::path& out, d
               ProgressBar::human(static_cast<double>(r.bytes_in)).c_str(),
               ProgressBar::human(static_cast<double>(r.bytes_out)).c_str(), secs);
   for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
+}
+
+// SIGINT / SIGTERM stop a run at the next tensor: the progress callback throws, the library
+// unwinds and removes its staging directory, then the process dies of the same signal. A second
+// signal kills at once (SA_RESETHAND); the next run removes what that leaves.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void remember_signal(int sig) { g_stop_signal = sig; }
+
+struct Interrupted {
+  int sig;
+};
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = remember_signal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) ::sigaction(sig, &sa, nullptr);
+}
+
+io::ProgressFn interruptible(io::ProgressFn inner) {
+  return [inner = std::move(inner)](const io::Progress& p) {
+    if (g_stop_signal) throw Interrupted{g_stop_signal};
+    inner(p);
+  };
+}
+
+// Runs a streaming command with the handlers in place; dies of the signal that stopped it.
+template <class F>
+void run_interruptible(const std::string& out, F&& body) {
+  catch_stop_signals();
+  try {
+    body();
+  } catch (const Interrupted& i) {
+    std::fprintf(stderr, "microscale: interrupted; %s left as it was\n", out.c_str());
+    std::signal(i.sig, SIG_DFL);
+    std::raise(i.sig);
+  }
 }
 
 // Format names of the issue: nvfp4, mxfp4, mxfp8, affine4, affine8 (and affine2..6).
@@ -111,7 +153,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_flag("--errors", o->errors, "measure and print each layer's relative error and SQNR");
     c->add_option("--errors-csv", o->errors_csv, "also write the per-layer errors to this CSV (implies --errors)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] {
+    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
       io::QuantizeOptions opt;
       opt.spec = spec_from_format(o->format);
       if (o->group) opt.spec.group_size = o->group;
@@ -131,7 +173,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       opt.measure_error = o->errors || !o->errors_csv.empty();
       opt.force = o->force;
       ProgressBar bar("quantize");
-      opt.progress = bar.callback();
+      opt.progress = interruptible(bar.callback());
       const auto t0 = std::chrono::steady_clock::now();
       const io::Report r = io::quantize_checkpoint(o->in, o->out, opt);
       bar.finish();
@@ -160,7 +202,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
               << t.sqnr_db << '\n';
         if (!f) throw Error("cannot write --errors-csv file '" + o->errors_csv + "'");
       }
-    }});
+    }); }});
   }
 
   // ---- dequantize
@@ -175,17 +217,17 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_option("-o,--output", o->out, "output directory")->required();
     c->add_option("--dtype", o->dtype, "bfloat16, float32 or float16")->capture_default_str();
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] {
+    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
       io::DequantizeOptions opt;
       opt.dtype = dtype_from_name(o->dtype);
       opt.force = o->force;
       ProgressBar bar("dequantize");
-      opt.progress = bar.callback();
+      opt.progress = interruptible(bar.callback());
       const auto t0 = std::chrono::steady_clock::now();
       const io::Report r = io::dequantize_checkpoint(o->in, o->out, opt);
       bar.finish();
       print_summary("wrote", r, o->out, seconds_since(t0));
-    }});
+    }); }});
   }
 
   // ---- convert
@@ -203,18 +245,18 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_flag("--unify-fused-scales", o->unify, "re-quantize fused groups (q/k/v, gate/up) whose global scales "
                                                   "differ to their common max (lossy for those layers)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] {
+    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
       io::ConvertOptions opt;
       opt.to = io::convention_from_name(o->to);
       opt.unify_fused_scales = o->unify;
       opt.force = o->force;
       ProgressBar bar("convert");
-      opt.progress = bar.callback();
+      opt.progress = interruptible(bar.callback());
       const auto t0 = std::chrono::steady_clock::now();
       const io::Report r = io::convert_checkpoint(o->in, o->out, opt);
       bar.finish();
       print_summary("wrote", r, o->out, seconds_since(t0));
-    }});
+    }); }});
   }
 
   // ---- inspect

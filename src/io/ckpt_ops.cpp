@@ -4,9 +4,14 @@
 // quantized layer) whose primary input tensor lives in the same input shard, with the entries
 // they will write, so that a conversion that cannot happen fails before anything is written.
 // Then shards are written one at a time, an item at a time, releasing input pages as it goes.
+#include <fcntl.h>
 #include <malloc.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -100,6 +105,145 @@ void release_sources(const Checkpoint& ck, const Layer& l) {
   for (const std::string& s : l.sources) release(ck.tensor(s).data);
 }
 
+// ---- the output directory
+
+// Present in a staging directory until it is complete: microscale refuses a directory holding it.
+constexpr const char* kIncomplete = ".microscale-incomplete";
+
+// Like open_input, but refuses the leftovers of a killed run.
+Input open_complete(const fs::path& path) {
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  if (fs::exists(dir / kIncomplete, ec))
+    throw Error(dir.string() + " is an unfinished microscale output (the run writing it was stopped); delete it "
+                "and run the command again");
+  return open_input(path);
+}
+
+bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
+
+// The whole output is built in a hidden sibling `.<name>.tmp.<pid>` and moved into place at the
+// end, swapped atomically with an existing directory (--force). A kill, a full disk or any error
+// therefore leaves either the old result or the new one at `out`, never a mix; the staging
+// directory is removed on errors (the CLI turns SIGINT/SIGTERM into one) and, after SIGKILL, by the
+// next run. Inside it, config.json is written last and the marker removed only at commit, so a
+// leftover is refused by microscale and by loaders (which need config.json).
+class Staging {
+ public:
+  Staging(const fs::path& in_dir, const fs::path& out, bool force) {
+    std::error_code ec;
+    out_ = fs::absolute(out).lexically_normal();
+    if (out_.filename().empty()) out_ = out_.parent_path();  // "out/" names "out"
+    if (fs::is_symlink(out_, ec)) out_ = fs::canonical(out_, ec);  // replace the target, keep the link
+    if (fs::exists(out_, ec)) {
+      if (!fs::is_directory(out_, ec)) throw Error("output " + out.string() + " exists and is not a directory");
+      if (!in_dir.empty() && fs::equivalent(in_dir, out_, ec))
+        throw Error("output directory " + out.string() + " is the input directory; choose another");
+      if (!fs::is_empty(out_, ec) && !force)
+        throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
+      replace_ = true;
+    }
+    const fs::path parent = out_.parent_path();
+    fs::create_directories(parent, ec);
+    if (ec) throw Error("cannot create output directory " + out.string() + ": " + ec.message());
+    remove_dead_runs();
+    tmp_ = parent / (prefix() + std::to_string(::getpid()));
+    fs::remove_all(tmp_, ec);
+    if (!fs::create_directory(tmp_, ec) || ec)
+      throw Error("cannot create output directory " + tmp_.string() + ": " + (ec ? ec.message() : "it exists"));
+    write_text_atomic(tmp_ / kIncomplete, "microscale is writing " + out_.string() + "\n");
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    std::error_code ec;
+    if (!committed_) fs::remove_all(tmp_, ec);
+  }
+
+  const fs::path& dir() const { return tmp_; }
+  const fs::path& out() const { return out_; }
+
+  // Moves the finished output into place: files of the old directory that are not part of a
+  // checkpoint (the user's own) are carried over, then the two directories are swapped.
+  void commit() {
+    if (replace_) carry_over(out_, tmp_, true);
+    fs::remove(tmp_ / kIncomplete);
+    if (!replace_) {
+      if (::rename(tmp_.c_str(), out_.c_str()) != 0) throw Error(move_error(errno));
+    } else if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, out_.c_str(), RENAME_EXCHANGE) != 0) {
+      if (errno != EINVAL && errno != ENOSYS) throw Error(move_error(errno));
+      // No atomic exchange on this file system: move the old one aside first (the output is
+      // briefly absent, never mixed).
+      const fs::path aside = tmp_.string() + ".old";
+      if (::rename(out_.c_str(), aside.c_str()) != 0) throw Error(move_error(errno));
+      if (::rename(tmp_.c_str(), out_.c_str()) != 0) {
+        const int err = errno;
+        (void)::rename(aside.c_str(), out_.c_str());
+        throw Error(move_error(err));
+      }
+      std::error_code ec;
+      fs::remove_all(aside, ec);
+      committed_ = true;
+      return;
+    }
+    committed_ = true;
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);  // after the exchange it holds the old output
+  }
+
+ private:
+  std::string prefix() const { return "." + out_.filename().string() + ".tmp."; }
+
+  std::string move_error(int err) const {
+    return "cannot move the finished output " + tmp_.string() + " to " + out_.string() + ": " + std::strerror(err);
+  }
+
+  // Staging directories of runs that were killed (their process is gone).
+  void remove_dead_runs() const {
+    std::error_code ec;
+    const std::string pre = prefix();
+    for (const auto& e : fs::directory_iterator(out_.parent_path(), ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind(pre, 0) != 0) continue;
+      char* end = nullptr;
+      const long pid = std::strtol(f.c_str() + pre.size(), &end, 10);
+      if (end != f.c_str() + pre.size() && !process_alive(pid)) fs::remove_all(e.path(), ec);
+    }
+  }
+
+  static bool is_checkpoint_file(const fs::path& name) {
+    const std::string f = name.string();
+    return ends_with(f, ".safetensors") || ends_with(f, ".safetensors.index.json") || f == "config.json" ||
+           f == "hf_quant_config.json" || f == kIncomplete;
+  }
+
+  // Hard links (copies where links fail) of what `from` has and `to` lacks; at the top level,
+  // checkpoint files of the old output are left behind, as are temporary files anywhere.
+  static void carry_over(const fs::path& from, const fs::path& to, bool top) {
+    for (const auto& e : fs::directory_iterator(from)) {
+      const fs::path name = e.path().filename();
+      const fs::path dst = to / name;
+      if ((top && is_checkpoint_file(name)) || name.string().find(".tmp.") != std::string::npos) continue;
+      if (e.is_directory() && !e.is_symlink()) {
+        fs::create_directories(dst);
+        carry_over(e.path(), dst, false);
+        continue;
+      }
+      std::error_code ec;
+      if (fs::exists(fs::symlink_status(dst))) continue;  // written by this run
+      if (e.is_symlink()) {
+        fs::copy_symlink(e.path(), dst);
+        continue;
+      }
+      fs::create_hard_link(e.path(), dst, ec);
+      if (ec) fs::copy_file(e.path(), dst);
+    }
+  }
+
+  fs::path out_, tmp_;
+  bool replace_ = false, committed_ = false;
+};
+
 // ---- the streaming pipeline
 
 // glibc raises its mmap threshold after large frees, so per-tensor buffers of a few MB end up on
@@ -165,16 +309,14 @@ std::vector<StEntry> entries_of(const std::vector<Out>& outs) {
   return e;
 }
 
-// Writes every shard (same relative names as the input), the index when the input had one, and
-// returns the files written.
-std::set<fs::path> execute(const Input& in, const fs::path& out, std::vector<Item>& items, bool mlx,
+// Writes every shard (same relative names as the input) and the index when the input had one.
+void execute(const Input& in, const fs::path& out, std::vector<Item>& items, bool mlx,
                            const ProgressFn& progress, Report& report) {
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return std::tie(a.shard, a.order) < std::tie(b.shard, b.order); });
   Progress pr;
   pr.total = items.size();
   for (const Item& it : items) pr.bytes_total += it.in_bytes;
-  std::set<fs::path> written;
   std::vector<fs::path> shards;
   std::size_t next = 0;
   for (std::size_t s = 0; s < in.shard_rel.size(); ++s) {
@@ -198,34 +340,37 @@ std::set<fs::path> execute(const Input& in, const fs::path& out, std::vector<Ite
       if (progress) progress(pr);
     }
     w.finish();
-    written.insert(path);
     shards.push_back(path);
     report.bytes_out += fs::file_size(path);
   }
   report.shards = shards.size();
   report.bytes_in = pr.bytes_total;
-  if (in.indexed) {
-    write_index(out / in.index_name, shards, in.ck.metadata());
-    written.insert(out / in.index_name);
-  }
-  return written;
+  if (in.indexed) write_index(out / in.index_name, shards, in.ck.metadata());
 }
 
-// config.json (and hf_quant_config.json) for the output, then the other files.
-void finish_dir(const Input& in, const fs::path& out, std::optional<Convention> to, const QuantMeta& meta,
-                bool force, std::set<fs::path> written, Report& report) {
+// The rest of the output in the staging directory: the input's other files, hf_quant_config.json,
+// then config.json last. With `dtype`, the config's torch_dtype says what the weights now are.
+void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta,
+                Report& report, std::optional<DType> dtype = std::nullopt) {
+  for (std::string& n : copy_other_files(in.dir, st.dir())) report.notes.push_back(std::move(n));
+  // An output inside the input directory: its old files and other runs' staging directories
+  // are not part of the model.
+  std::error_code ec;
+  const fs::path in_abs = fs::absolute(in.dir).lexically_normal();
+  const fs::path rel = st.out().lexically_relative(in_abs);
+  if (!rel.empty() && *rel.begin() != "..") fs::remove_all(st.dir() / rel, ec);
+  for (const auto& e : fs::directory_iterator(st.dir(), ec))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) fs::remove_all(e.path(), ec);
+
   Json config = in.config;
   if (config.is_null() && to) report.notes.push_back("the input has no config.json; wrote one holding only the quantization block");
-  if (!config.is_null() || to) {
-    Json hf = apply_config(config, to, meta);
-    write_text_atomic(out / "config.json", config.dump(2) + "\n");
-    if (!hf.is_null()) {
-      write_text_atomic(out / "hf_quant_config.json", hf.dump(2) + "\n");
-      written.insert(out / "hf_quant_config.json");
-    }
-  }
-  for (std::string& n : copy_other_files(in.dir, out)) report.notes.push_back(std::move(n));
-  if (force) remove_stale(out, written);
+  if (config.is_null() && !to) return;
+  Json hf = apply_config(config, to, meta);
+  if (dtype)
+    for (const char* k : {"torch_dtype", "dtype"})
+      if (k == std::string("torch_dtype") || config.contains(k)) config[k] = dtype_name(*dtype);
+  if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
+  write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
 }
 
 // 2-D projection weights left in high precision, as the configs' ignore lists name them
@@ -263,7 +408,7 @@ double rel_error(const TensorView& w, const Tensor& y, double* sqnr) {
 // ---- quantize
 
 Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
-  const Input in = open_input(in_path);
+  const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   if (!det.layers.empty() || !det.unsupported.empty())
     throw Error(in_path.string() + " is already quantized (" + det.convention +
@@ -417,9 +562,10 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     items.push_back(std::move(it));
   }
 
-  prepare_output(in.dir, out, opt.force);
-  std::set<fs::path> written = execute(in, out, items, opt.to == Convention::mlx, opt.progress, report);
-  finish_dir(in, out, opt.to, meta, opt.force, std::move(written), report);
+  Staging st(in.dir, out, opt.force);
+  execute(in, st.dir(), items, opt.to == Convention::mlx, opt.progress, report);
+  finish_dir(in, st, opt.to, meta, report);
+  st.commit();
   return report;
 }
 
@@ -427,7 +573,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
 
 Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const DequantizeOptions& opt) {
   if (!is_float(opt.dtype)) throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(opt.dtype));
-  const Input in = open_input(in_path);
+  const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   check_unsupported(det);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers; nothing to dequantize");
@@ -461,16 +607,17 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
     if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
   if (acts) report.notes.push_back(std::to_string(acts) + " activation scales dropped (the output is not quantized)");
 
-  prepare_output(in.dir, out, opt.force);
-  std::set<fs::path> written = execute(in, out, items, false, opt.progress, report);
-  finish_dir(in, out, std::nullopt, {}, opt.force, std::move(written), report);
+  Staging st(in.dir, out, opt.force);
+  execute(in, st.dir(), items, false, opt.progress, report);
+  finish_dir(in, st, std::nullopt, {}, report, opt.dtype);
+  st.commit();
   return report;
 }
 
 // ---- convert
 
 Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const ConvertOptions& opt) {
-  const Input in = open_input(in_path);
+  const Input in = open_complete(in_path);
   Detected det = detect(in.ck, in.config);
   check_unsupported(det);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");
@@ -572,16 +719,17 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   for (const std::string& n : in.ck.names())
     if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
 
-  prepare_output(in.dir, out, opt.force);
-  std::set<fs::path> written = execute(in, out, items, opt.to == Convention::mlx, opt.progress, report);
-  finish_dir(in, out, opt.to, meta, opt.force, std::move(written), report);
+  Staging st(in.dir, out, opt.force);
+  execute(in, st.dir(), items, opt.to == Convention::mlx, opt.progress, report);
+  finish_dir(in, st, opt.to, meta, report);
+  st.commit();
   return report;
 }
 
 // ---- inspect
 
 InspectResult inspect_checkpoint(const fs::path& path, bool stats, const ProgressFn& progress) {
-  const Input in = open_input(path);
+  const Input in = open_complete(path);
   const Detected det = detect(in.ck, in.config);
   InspectResult res;
   res.convention = det.convention;
@@ -687,7 +835,7 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
 // ---- in memory
 
 CheckpointData load_checkpoint(const fs::path& path) {
-  const Input in = open_input(path);
+  const Input in = open_complete(path);
   const Detected det = detect(in.ck, in.config);
   check_unsupported(det);
   CheckpointData data;
@@ -775,11 +923,12 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
   }
   Json config = data.config_json.empty() ? Json::object()
                                          : detail::parse_json(data.config_json, "config_json", "config", 256);
-  prepare_output({}, out, force);
-  save_safetensors(out / "model.safetensors", all, to == Convention::mlx ? Metadata{{"format", "mlx"}} : Metadata{{"format", "pt"}});
+  Staging st({}, out, force);
+  save_safetensors(st.dir() / "model.safetensors", all, to == Convention::mlx ? Metadata{{"format", "mlx"}} : Metadata{{"format", "pt"}});
   Json hf = apply_config(config, to, meta);
-  write_text_atomic(out / "config.json", config.dump(2) + "\n");
-  if (!hf.is_null()) write_text_atomic(out / "hf_quant_config.json", hf.dump(2) + "\n");
+  if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
+  write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
+  st.commit();
 }
 
 }  // namespace microscale::io

@@ -320,6 +320,43 @@ TEST(Convert, SelectionActivationsAndForce) {
   EXPECT_EQ(read_json(m.dir.path() / "w4a4_mo" / "hf_quant_config.json")["quantization"]["quant_algo"], "NVFP4");
 }
 
+std::map<std::string, Bytes> snapshot(const fs::path& dir) {
+  std::map<std::string, Bytes> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) files[e.path().lexically_relative(dir).string()] = read_bytes(e.path());
+  return files;
+}
+
+TEST(Convert, StoppedOverwriteLeavesTheOldOutput) {
+  Model m;
+  const fs::path out = m.dir.path() / "out";
+  quantize_checkpoint(m.in, out, qopt(Mode::nvfp4, Convention::compressed_tensors));
+  write_bytes(out / "README.md", iot::bytes_of("mine"));  // not part of the checkpoint: kept by --force
+  const auto old = snapshot(out);
+  // A run stopped part-way (the CLI's SIGINT/SIGTERM handling throws from the progress callback).
+  QuantizeOptions o = qopt(Mode::mxfp4, Convention::compressed_tensors);
+  o.force = true;
+  o.progress = [](const Progress& p) {
+    if (p.done == 5) throw Error("stop");
+  };
+  expect_error([&] { quantize_checkpoint(m.in, out, o); }, {"stop"});
+  EXPECT_EQ(snapshot(out), old);
+  for (const auto& e : fs::directory_iterator(m.dir.path())) EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  // The same run completed replaces the checkpoint files and keeps the user's own.
+  o.progress = {};
+  quantize_checkpoint(m.in, out, o);
+  EXPECT_EQ(read_json(out / "config.json")["quantization_config"]["format"], "mxfp4-pack-quantized");
+  EXPECT_EQ(read_bytes(out / "README.md"), iot::bytes_of("mine"));
+  // What a SIGKILL leaves is refused, and removed by the next run into the same output.
+  const fs::path left = m.dir.path() / ".out.tmp.999999999";
+  fs::copy(out, left, fs::copy_options::recursive);
+  write_bytes(left / ".microscale-incomplete", {});
+  expect_error([&] { (void)inspect_checkpoint(left); }, {"unfinished"});
+  expect_error([&] { dequantize_checkpoint(left, m.dir.path() / "dq", {}); }, {"unfinished"});
+  quantize_checkpoint(m.in, out, o);
+  EXPECT_FALSE(fs::exists(left));
+}
+
 TEST(Convert, DamagedInputsGiveClearErrors) {
   Model m;
   const fs::path shard = m.in / shard_file_name(1, 2);

@@ -7,12 +7,16 @@ build/ (scripts/test.sh builds it first) or the one $MICROSCALE_CLI names; skipp
 """
 
 import csv
+import hashlib
 import importlib.util
 import json
 import os
+import resource
 import shutil
+import signal
 import struct
 import subprocess
+import time
 import zlib
 
 import numpy as np
@@ -224,6 +228,94 @@ def test_damaged_input_is_a_clear_error(model, tmp_path, damage):
         assert r.returncode == 1, r  # an error exit, not a crash (signals give negative codes)
         assert r.stderr.startswith("microscale: error:") and "model-00002-of-00002.safetensors" in r.stderr
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.safetensors"))
+
+
+def snapshot(d):
+    """{relative path: sha256} of every file under `d` (None when `d` does not exist)."""
+    if not d.exists():
+        return None
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def leftovers(out):
+    return sorted(out.parent.glob(f".{out.name}.tmp.*"))
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory):
+    """A checkpoint that takes a moment to quantize, with an old (nvfp4) and a new (mxfp4) result."""
+    d = tmp_path_factory.mktemp("big")
+    src, old, new = d / "src", d / "old", d / "new"
+    write_model(str(src), make_tensors(layers=4, hidden=768, inter=1536, kv=384, vocab=256), shards=3)
+    run("quantize", src, "-o", old, "--format", "nvfp4")
+    t0 = time.monotonic()
+    run("quantize", src, "-o", new, "--format", "mxfp4", "--errors")
+    return src, old, new, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["KILL", "TERM", "INT"])
+def test_killed_overwrite_leaves_old_or_new(big_model, tmp_path, sig):
+    """`quantize --force` over an old result, stopped at several points of the run: the output is
+    the complete old result or the complete new one, never a mix; a staging directory a SIGKILL
+    leaves is refused by inspect and removed by the next run."""
+    src, old, new, secs = big_model
+    want_old, want_new = snapshot(old), snapshot(new)
+    assert want_old != want_new
+    seen = set()
+    for frac in (0.0, 0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.5):
+        out = tmp_path / f"out{frac}"
+        shutil.copytree(old, out)
+        p = subprocess.Popen([CLI, "quantize", src, "-o", out, "--format", "mxfp4", "--errors", "--force"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(frac * secs)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=300)
+        assert p.returncode in (0, -sig), err
+        got = snapshot(out)
+        assert got in (want_old, want_new), f"killed at {frac}: a mix of old and new files"
+        seen.add("new" if got == want_new else "old")
+        assert "layout compressed-tensors" in run("inspect", out, "--no-stats").stdout
+        if sig != signal.SIGKILL:
+            assert leftovers(out) == [], "SIGINT/SIGTERM must remove the staging directory"
+        for left in leftovers(out):
+            r = run("inspect", left, ok=False)
+            assert r.returncode == 1 and "unfinished" in r.stderr, r.stdout
+            assert not (left / "config.json").exists()  # what the loaders need comes last
+        run("quantize", src, "-o", out, "--format", "mxfp4", "--errors", "--force")
+        assert snapshot(out) == want_new and leftovers(out) == []
+    assert "old" in seen  # stopped early enough at least once (the first kill comes at once)
+
+
+def limit_file_size(nbytes):
+    """A preexec_fn that makes writes past `nbytes` fail with EFBIG, like a full disk."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return apply
+
+
+@pytest.mark.parametrize("where", ["shards", "side_files"])
+def test_full_disk_leaves_old_result(model, tmp_path, where):
+    """A write that fails (here: past a file-size limit) while writing the shards or while copying
+    the tokenizer: the old result stays as it was and nothing is left beside it."""
+    src = tmp_path / "src"
+    shutil.copytree(model[0], src)
+    big_side = 4 << 20
+    (src / "tokenizer.model").write_bytes(os.urandom(big_side))
+    out = tmp_path / "out"
+    run("quantize", src, "-o", out, "--format", "nvfp4")
+    before = snapshot(out)
+    largest_shard = max(p.stat().st_size for p in out.glob("*.safetensors"))
+    limit = 4096 if where == "shards" else max(largest_shard, 1 << 20) * 2
+    assert limit < big_side
+    r = subprocess.run([CLI, "quantize", src, "-o", out, "--format", "mxfp4", "--force"], capture_output=True,
+                       text=True, preexec_fn=limit_file_size(limit), timeout=300)
+    assert r.returncode == 1 and r.stderr.startswith("microscale: error:"), r.stderr
+    assert snapshot(out) == before and leftovers(out) == []
+    fresh = tmp_path / "fresh"
+    r = subprocess.run([CLI, "quantize", src, "-o", fresh, "--format", "mxfp4"], capture_output=True, text=True,
+                       preexec_fn=limit_file_size(limit), timeout=300)
+    assert r.returncode == 1 and not fresh.exists() and leftovers(fresh) == []
 
 
 def check_png(path, width=900, height=600):
