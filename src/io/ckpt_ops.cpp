@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -77,6 +78,27 @@ TensorStats stats_of(std::span<const std::byte> data, StDType t, std::size_t n) 
   return s;
 }
 
+// NaN and Inf are the values with every exponent bit set, in each float format.
+template <class Bits>
+std::int64_t count_exponent_all_ones(std::span<const std::byte> data, Bits mask) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i + sizeof(Bits) <= data.size(); i += sizeof(Bits)) {
+    Bits v;
+    std::memcpy(&v, data.data() + i, sizeof(Bits));
+    n += (v & mask) == mask;
+  }
+  return n;
+}
+
+std::int64_t count_nonfinite(std::span<const std::byte> data, StDType t) {
+  switch (t) {
+    case StDType::f32: return count_exponent_all_ones<std::uint32_t>(data, 0x7F800000u);
+    case StDType::bf16: return count_exponent_all_ones<std::uint16_t>(data, 0x7F80u);
+    case StDType::f16: return count_exponent_all_ones<std::uint16_t>(data, 0x7C00u);
+    default: return 0;
+  }
+}
+
 // A float view of a tensor's bytes; copies when the mapping is not aligned for the dtype.
 TensorView view_of(std::span<const std::byte> data, StDType st, const Shape& shape, Tensor& storage) {
   const DType dt = *to_dtype(st);
@@ -110,11 +132,21 @@ void release_sources(const Checkpoint& ck, const Layer& l) {
 // Present in a staging directory until it is complete: microscale refuses a directory holding it.
 constexpr const char* kIncomplete = ".microscale-incomplete";
 
-// Like open_input, but refuses the leftovers of a killed run.
+// The name Staging gives its directory: `.<name>.tmp.<pid>`, or with ".old" while it holds the
+// output being replaced.
+bool staging_name(const std::string& f) {
+  const std::size_t t = f.find(".tmp.");
+  return !f.empty() && f[0] == '.' && t != std::string::npos && t + 5 < f.size() && std::isdigit(static_cast<unsigned char>(f[t + 5]));
+}
+
+// Like open_input, but refuses the leftovers of a killed run: a staging directory (by its name,
+// whatever state the kill left it in) or a directory holding the marker.
 Input open_complete(const fs::path& path) {
   std::error_code ec;
-  const fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path().empty() ? fs::path(".") : path.parent_path();
-  if (fs::exists(dir / kIncomplete, ec))
+  fs::path dir = fs::absolute(fs::is_directory(path, ec) ? path : path.parent_path().empty() ? fs::path(".") : path.parent_path());
+  dir = dir.lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
+  if (staging_name(dir.filename().string()) || fs::exists(dir / kIncomplete, ec))
     throw Error(dir.string() + " is an unfinished microscale output (the run writing it was stopped); delete it "
                 "and run the command again");
   return open_input(path);
@@ -126,8 +158,9 @@ bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid)
 // end, swapped atomically with an existing directory (--force). A kill, a full disk or any error
 // therefore leaves either the old result or the new one at `out`, never a mix; the staging
 // directory is removed on errors (the CLI turns SIGINT/SIGTERM into one) and, after SIGKILL, by the
-// next run. Inside it, config.json is written last and the marker removed only at commit, so a
-// leftover is refused by microscale and by loaders (which need config.json).
+// next run. microscale refuses a leftover (by its name, and by a marker kept inside until commit);
+// config.json is written last and deleted first, so loaders (which need it) find a leftover
+// either complete or unloadable.
 class Staging {
  public:
   Staging(const fs::path& in_dir, const fs::path& out, bool force) {
@@ -181,14 +214,18 @@ class Staging {
         (void)::rename(aside.c_str(), out_.c_str());
         throw Error(move_error(err));
       }
-      std::error_code ec;
-      fs::remove_all(aside, ec);
       committed_ = true;
+      std::error_code ec;
+      fs::remove(aside / "config.json", ec);
+      fs::remove_all(aside, ec);
       return;
     }
     committed_ = true;
+    // After the exchange the staging directory holds the old output: its config.json goes first,
+    // so that a kill while deleting the rest leaves nothing loadable.
     std::error_code ec;
-    fs::remove_all(tmp_, ec);  // after the exchange it holds the old output
+    fs::remove(tmp_ / "config.json", ec);
+    fs::remove_all(tmp_, ec);
   }
 
  private:
@@ -373,11 +410,54 @@ void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to
   write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
 }
 
-// 2-D projection weights left in high precision, as the configs' ignore lists name them
+// Weights left in high precision that the configs' ignore lists name: every kind of Linear weight
 // (embeddings and norms are not Linear layers, so no loader looks them up).
-bool ignorable(const std::string& reason) {
-  return reason != "embedding" && reason != "norm" && reason != "not a .weight" && reason.find("-D") == std::string::npos &&
-         reason.rfind("dtype", 0) != 0;
+bool ignorable(const std::string& reason) { return reason != "embedding" && reason != "norm"; }
+
+// Stacked expert tensors ([experts, ...], all experts of a layer in one tensor).
+bool stacked_experts(std::string_view name, const Shape& shape) {
+  return shape.size() >= 3 && name.find("experts") != std::string_view::npos;
+}
+
+// What a user takes for a weight: every `.weight` of two or more dimensions, and stacked experts.
+// Each one left unquantized is reported with its reason.
+bool looks_like_weight(std::string_view name, const Shape& shape) {
+  return (ends_with(name, ".weight") && shape.size() >= 2) || stacked_experts(name, shape);
+}
+
+// The module a weight-like tensor belongs to (stacked experts are parameters of their module).
+std::string owner_module(const std::string& name) {
+  if (ends_with(name, ".weight")) return module_of(name);
+  const std::size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+// GPT-2's Conv1D layers store their weight [in, out], transposed from Linear's [out, in]:
+// quantized as stored, groups would run along the output axis. Names alone are not enough
+// (GPT-BigCode uses the same names for Linear layers), so the config decides when it names the
+// model type.
+bool conv1d_weight(const Json& config, const std::string& module) {
+  const std::string last = module.substr(module.rfind('.') + 1);
+  if (last != "c_attn" && last != "c_fc" && last != "c_proj" && last != "q_attn") return false;
+  if (!config.is_object()) return true;
+  if (auto a = config.find("architectures"); a != config.end() && a->is_array())
+    for (const Json& arch : *a)
+      if (arch.is_string())
+        for (const char* p : {"GPT2", "OpenAIGPT", "ImageGPT", "DecisionTransformer"})
+          if (arch.get<std::string>().rfind(p, 0) == 0) return true;
+  const auto t = config.find("model_type");
+  if (t == config.end() || !t->is_string()) return true;
+  const std::string type = t->get<std::string>();
+  return type == "gpt2" || type == "openai-gpt" || type == "imagegpt" || type == "decision_transformer";
+}
+
+// "a (why), b (why), ..." for an error message, at most `limit` entries.
+std::string list_reasons(const std::vector<std::pair<std::string, std::string>>& items, std::size_t limit = 40) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size() && i < limit; ++i)
+    out += (i ? ", " : "") + detail::quote(items[i].first) + (items[i].second.empty() ? "" : " (" + items[i].second + ")");
+  if (items.size() > limit) out += ", and " + std::to_string(items.size() - limit) + " more";
+  return out;
 }
 
 void check_unsupported(const Detected& d) {
@@ -432,22 +512,36 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     Layer skel;
   };
   std::vector<Sel> chosen;
-  std::vector<std::string> ignore, kept_reasons;
-  std::map<std::string, std::string> kept;  // tensor -> reason, for 2-D float weights
+  std::vector<std::string> ignore;
+  std::map<std::string, std::string> kept;  // weight-like tensor -> why it stays in high precision
+  std::vector<std::pair<std::string, std::string>> kept_list;  // the same, in checkpoint order
+  std::map<std::string, std::string> weight_modules;  // module -> why kept ("" when quantized)
+  std::vector<std::string> conv1d;
+  std::set<std::string> all_modules;
   for (const std::string& n : in.ck.names()) {
     const StTensor& t = in.ck.tensor(n);
+    all_modules.insert(module_of(n));
+    if (!looks_like_weight(n, t.shape)) continue;  // biases, norms, buffers: copied
     std::string reason = why_kept(n, t.shape, t.dtype);
-    const std::string m = module_of(n);
+    const std::string m = owner_module(n);
+    if (t.shape.size() != 2)
+      reason = std::to_string(t.shape.size()) + "-D" + (stacked_experts(n, t.shape) ? " stacked experts" : "") +
+               ": the exported layouts quantize 2-D Linear weights only";
+    else if (reason.rfind("dtype", 0) == 0)
+      reason += ": only float32, float16 and bfloat16 weights are quantized";
     const bool semantic = reason == "lm_head" || reason == "embedding" || reason == "router" || reason == "norm";
     if (semantic && matches(opt.include, m)) reason.clear();
     if (reason.empty() && matches(opt.exclude, m)) reason = "excluded";
     if (reason.empty() && t.shape[1] % base.group_size != 0)
       reason = "K = " + std::to_string(t.shape[1]) + " is not a multiple of the group size " + std::to_string(base.group_size);
+    if (!weight_modules.count(m) || !reason.empty()) weight_modules[m] = reason;
     if (!reason.empty()) {
-      if (ends_with(n, ".weight") && t.shape.size() == 2 && reason.rfind("dtype", 0) != 0) kept[n] = reason;
-      if (ends_with(n, ".weight") && t.shape.size() == 2 && ignorable(reason)) ignore.push_back(m);
+      kept[n] = reason;
+      kept_list.emplace_back(n, reason);
+      if (ignorable(reason) && std::find(ignore.begin(), ignore.end(), m) == ignore.end()) ignore.push_back(m);
       continue;
     }
+    if (conv1d_weight(in.config, m)) conv1d.push_back(n);
     Layer l;
     l.module = m;
     l.mode = base.mode;
@@ -458,7 +552,43 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     if (three) l.global = {Global::amax, 1.0f};
     chosen.push_back({n, m, std::move(l)});
   }
-  if (chosen.empty()) throw Error("no projection weights to quantize in " + in_path.string());
+
+  // Patterns and module names that select nothing are typos: refuse them.
+  auto example = [&] {
+    return weight_modules.empty() ? std::string("this checkpoint has no weights")
+                                  : "modules are named like " + detail::quote(weight_modules.begin()->first);
+  };
+  for (const std::string& p : opt.exclude)
+    if (std::none_of(all_modules.begin(), all_modules.end(), [&](const std::string& m) { return matches({p}, m); }))
+      throw Error("--exclude " + detail::quote(p) + " matches no module (" + example() + ")");
+  for (const std::string& p : opt.include) {
+    std::vector<std::pair<std::string, std::string>> hit;
+    bool used = false;
+    for (const auto& [m, why] : weight_modules)
+      if (matches({p}, m)) {
+        used = used || why.empty();
+        hit.emplace_back(m, why);
+      }
+    if (hit.empty()) throw Error("--include " + detail::quote(p) + " matches no weight (" + example() + ")");
+    if (!used) throw Error("--include " + detail::quote(p) + " selects nothing that can be quantized: " + list_reasons(hit));
+  }
+  for (const auto& [m, amax] : opt.activation_amax) {
+    const auto w = weight_modules.find(m);
+    if (w == weight_modules.end())
+      throw Error("--activation-amax names " + detail::quote(m) + ", which is no module of this checkpoint (" + example() + ")");
+    if (!w->second.empty())
+      throw Error("--activation-amax names " + detail::quote(m) + ", which is not quantized (" + w->second + ")");
+  }
+  if (!conv1d.empty()) {
+    std::vector<std::pair<std::string, std::string>> names;
+    for (const std::string& n : conv1d) names.emplace_back(n, "");
+    throw Error("GPT-2 style Conv1D weights are stored [in, out], transposed from Linear's [out, in], and microscale "
+                "does not quantize them yet (groups would run along the wrong axis): " + list_reasons(names, 6) +
+                ". Keep them in high precision with --exclude c_attn --exclude c_fc --exclude c_proj");
+  }
+  if (chosen.empty())
+    throw Error("no weights to quantize in " + in_path.string() +
+                (kept_list.empty() ? std::string(": it has no 2-D .weight tensors") : ": " + list_reasons(kept_list)));
 
   // Activation scales: only from the user's calibration; refuse W4A4 without them.
   const bool w4a4 = opt.w4a4 || !opt.activation_amax.empty();
@@ -530,6 +660,11 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     it.label = s.module;
     it.run = [&, sp = &s](SafetensorsWriter& w) {
       const StTensor& src = in.ck.tensor(sp->name);
+      const std::int64_t nonfinite = count_nonfinite(src.data, src.dtype);
+      if (nonfinite && base.nonfinite == NonFinite::error)
+        throw Error("tensor " + detail::quote(sp->name) + " has " + std::to_string(nonfinite) + " non-finite values (NaN/Inf) of " +
+                    std::to_string(src.numel()) + "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
+                    "in the blocks they hit) or saturate");
       Tensor storage;
       const TensorView x = view_of(src.data, src.dtype, src.shape, storage);
       QuantSpec spec = base;
@@ -554,6 +689,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       r.format = name(q.spec.mode);
       r.shape = src.shape;
       r.bytes_in = src.data.size();
+      r.nonfinite = nonfinite;
       write_emitted(w, emit(l, opt.to), &r);
       if (opt.measure_error) r.rel_error = rel_error(x, dequantize(q, DType::float32), &r.sqnr_db);
       release(src.data);
@@ -571,25 +707,49 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
 
 // ---- dequantize
 
+namespace {
+
+// The float dtype the quantized checkpoint was made from: config.json's torch_dtype (or dtype,
+// its newer name), else the dtype of MLX affine scales, else bfloat16 (with a note).
+DType source_dtype(const Input& in, const Detected& det, Report& report) {
+  if (in.config.is_object())
+    for (const char* k : {"torch_dtype", "dtype"})
+      if (auto it = in.config.find(k); it != in.config.end() && it->is_string()) {
+        const std::string v = it->get<std::string>();
+        for (DType d : {DType::float32, DType::float16, DType::bfloat16})
+          if (v == dtype_name(d)) return d;
+      }
+  for (const Layer& l : det.layers)
+    if (l.mode == Mode::affine)
+      if (const auto d = to_dtype(l.float_dtype); d && is_float(*d)) return *d;
+  report.notes.push_back("the source dtype is not recorded (no torch_dtype in config.json): wrote bfloat16; choose "
+                         "another with --dtype");
+  return DType::bfloat16;
+}
+
+}  // namespace
+
 Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const DequantizeOptions& opt) {
-  if (!is_float(opt.dtype)) throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(opt.dtype));
+  if (opt.dtype && !is_float(*opt.dtype))
+    throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(*opt.dtype));
   const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   check_unsupported(det);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers; nothing to dequantize");
   Report report;
+  const DType dtype = opt.dtype ? *opt.dtype : source_dtype(in, det, report);
   std::vector<Item> items;
   std::size_t acts = 0;
   for (const Layer& l : det.layers) {
     Item it;
     it.shard = shard_no(in, l.sources[0]);
     it.order = in.ck.tensor(l.sources[0]).begin;
-    it.entries = {{l.module + ".weight", to_st_dtype(opt.dtype), l.shape}};
+    it.entries = {{l.module + ".weight", to_st_dtype(dtype), l.shape}};
     for (const std::string& s : l.sources) it.in_bytes += in.ck.tensor(s).data.size();
     it.label = l.module;
     acts += l.act.has_value();
     it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
-      const Tensor y = dequantize_layer(*lp, opt.dtype);
+      const Tensor y = dequantize_layer(*lp, dtype);
       w.write_tensor(lp->module + ".weight", y);
       release_sources(in.ck, *lp);
       TensorReport r;
@@ -609,7 +769,7 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
 
   Staging st(in.dir, out, opt.force);
   execute(in, st.dir(), items, false, opt.progress, report);
-  finish_dir(in, st, std::nullopt, {}, report, opt.dtype);
+  finish_dir(in, st, std::nullopt, {}, report, dtype);
   st.commit();
   return report;
 }

@@ -230,6 +230,37 @@ def test_damaged_input_is_a_clear_error(model, tmp_path, damage):
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.safetensors"))
 
 
+def test_quantize_reports_what_it_left_and_refuses_typos(tmp_path):
+    t = make_tensors(layers=1)
+    t["model.layers.0.mlp.experts.gate_up_proj"] = np.zeros((4, 128, 256), t["model.norm.weight"].dtype)
+    t["model.layers.0.self_attn.q_proj.weight"] = t["model.layers.0.self_attn.q_proj.weight"].astype(np.float64)
+    k = t["model.layers.0.self_attn.k_proj.weight"].copy()
+    k.reshape(-1)[[3, 70, 99]] = [np.nan, np.inf, np.nan]
+    t["model.layers.0.self_attn.k_proj.weight"] = k
+    src = tmp_path / "src"
+    write_model(str(src), t, shards=1, config_extra={"torch_dtype": "float16"})
+    out = tmp_path / "q"
+    r = run("quantize", src, "-o", out, "--format", "nvfp4")
+    assert "kept 1 weight (3-D stacked experts: the exported layouts quantize 2-D Linear weights only): " \
+           "model.layers.0.mlp.experts.gate_up_proj" in r.stdout
+    assert "kept 1 weight (dtype F64: only float32, float16 and bfloat16 weights are quantized): " \
+           "model.layers.0.self_attn.q_proj.weight" in r.stdout
+    assert "warning: model.layers.0.self_attn.k_proj has 3 non-finite values (NaN/Inf) of 8192" in r.stderr
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert sorted(ignore) == ["lm_head", "model.layers.0.mlp.experts", "model.layers.0.self_attn.q_proj"]
+    r = run("quantize", src, "-o", tmp_path / "e", "--format", "nvfp4", "--nonfinite", "error", ok=False)
+    assert r.returncode == 1 and '"model.layers.0.self_attn.k_proj.weight" has 3 non-finite' in r.stderr
+    r = run("quantize", src, "-o", tmp_path / "e", "--format", "nvfp4", "--exclude", "down_prj", ok=False)
+    assert r.returncode == 1 and '--exclude "down_prj" matches no module' in r.stderr
+    r = run("quantize", src, "-o", tmp_path / "e", "--format", "nvfp4", "--include", "*experts*", ok=False)
+    assert r.returncode == 1 and "selects nothing that can be quantized" in r.stderr
+    assert not (tmp_path / "e").exists()
+    # dequantize writes the dtype the model was quantized from, and says so in config.json.
+    run("dequantize", out, "-o", tmp_path / "dq")
+    assert header(tmp_path / "dq" / "model.safetensors")["model.layers.0.mlp.up_proj.weight"]["dtype"] == "F16"
+    assert json.loads((tmp_path / "dq" / "config.json").read_text())["torch_dtype"] == "float16"
+
+
 def snapshot(d):
     """{relative path: sha256} of every file under `d` (None when `d` does not exist)."""
     if not d.exists():
@@ -280,7 +311,9 @@ def test_killed_overwrite_leaves_old_or_new(big_model, tmp_path, sig):
         for left in leftovers(out):
             r = run("inspect", left, ok=False)
             assert r.returncode == 1 and "unfinished" in r.stderr, r.stdout
-            assert not (left / "config.json").exists()  # what the loaders need comes last
+            # What the loaders need comes last: without it the leftover is unloadable, with it complete.
+            rest = {k: v for k, v in snapshot(left).items() if k != ".microscale-incomplete"}
+            assert not (left / "config.json").exists() or rest == want_new
         run("quantize", src, "-o", out, "--format", "mxfp4", "--errors", "--force")
         assert snapshot(out) == want_new and leftovers(out) == []
     assert "old" in seen  # stopped early enough at least once (the first kill comes at once)
@@ -364,13 +397,17 @@ def test_real_model_minilm(tmp_path):
     src = minilm_dir()
     errs = tmp_path / "errors.csv"
     run("quantize", src, "-o", tmp_path / "q", "--format", "nvfp4", "--errors-csv", errs)
-    rows = list(csv.DictReader(errs.open()))
+    table = list(csv.DictReader(errs.open()))
+    rows = [x for x in table if not x["kept"]]
     # 6 layers x (query, key, value, attention output, intermediate, output) + pooler
     assert len(rows) == 37
+    # Every weight left in high precision is listed with its reason: the three embedding tables.
+    assert {x["layer"]: x["kept"] for x in table if x["kept"]} == {
+        f"embeddings.{e}_embeddings.weight": "embedding" for e in ("word", "position", "token_type")}
     print("\nMiniLM-L6 nvfp4 (compressed-tensors) per-layer relative error:")
     for x in rows:
-        print(f"  {x['layer']:<48} {x['rows']:>5}x{x['cols']:<5} {float(x['rel_error']):.4f}  "
-              f"{float(x['sqnr_db']):.2f} dB")
+        print(f"  {x['layer']:<48} {x['shape']:>11} {float(x['rel_error']):.4f}  {float(x['sqnr_db']):.2f} dB")
+        assert x["nonfinite"] == "0"
         assert 0.05 < float(x["rel_error"]) < 0.15
     got = load_all(str(tmp_path / "q"))
     assert got["embeddings.word_embeddings.weight"].dtype == np.float32  # kept
