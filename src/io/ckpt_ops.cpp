@@ -451,6 +451,14 @@ bool conv1d_weight(const Json& config, const std::string& module) {
   return type == "gpt2" || type == "openai-gpt" || type == "imagegpt" || type == "decision_transformer";
 }
 
+// Adds the module of a tensor left in high precision to the configs' ignore list, when loaders
+// would otherwise take it for a quantized Linear.
+void add_ignored(std::vector<std::string>& ignore, const std::string& name, const Shape& shape, StDType dtype) {
+  if (!looks_like_weight(name, shape) || !ignorable(why_kept(name, shape, dtype))) return;
+  const std::string m = owner_module(name);
+  if (std::find(ignore.begin(), ignore.end(), m) == ignore.end()) ignore.push_back(m);
+}
+
 // "a (why), b (why), ..." for an error message, at most `limit` entries.
 std::string list_reasons(const std::vector<std::pair<std::string, std::string>>& items, std::size_t limit = 40) {
   std::string out;
@@ -836,8 +844,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   for (const std::string& n : in.ck.names()) {
     if (det.consumed.count(n)) continue;
     const StTensor& t = in.ck.tensor(n);
-    const std::string r = why_kept(n, t.shape, t.dtype);
-    if (ends_with(n, ".weight") && t.shape.size() == 2 && (r.empty() || ignorable(r))) meta.ignore.push_back(module_of(n));
+    add_ignored(meta.ignore, n, t.shape, t.dtype);
   }
 
   std::vector<Item> items;
@@ -1078,8 +1085,7 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
     if (st_nbytes(t.dtype, t.shape) != t.data.size())
       throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " + st_dtype_name(t.dtype) + " " + fmt_shape(t.shape));
     all.push_back({t.name, t.dtype, t.shape, t.data});
-    const std::string r = why_kept(t.name, t.shape, t.dtype);
-    if (ends_with(t.name, ".weight") && t.shape.size() == 2 && (r.empty() || ignorable(r))) meta.ignore.push_back(module_of(t.name));
+    add_ignored(meta.ignore, t.name, t.shape, t.dtype);
   }
   Json config = data.config_json.empty() ? Json::object()
                                          : detail::parse_json(data.config_json, "config_json", "config", 256);

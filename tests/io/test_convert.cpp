@@ -430,6 +430,12 @@ TEST(Convert, EveryUnquantizedWeightIsReportedAndIgnored) {
   // The config names exactly what stayed in high precision, so loaders do not expect it quantized.
   EXPECT_EQ(read_json(out / "config.json")["quantization_config"]["ignore"],
             Json::array({p + "mlp.experts", p + "self_attn.q_proj"}));
+  // Converting keeps that list: the same tensors stay in high precision.
+  ConvertOptions co;
+  co.to = Convention::modelopt;
+  convert_checkpoint(out, m.dir / "mo", co);
+  EXPECT_EQ(read_json(m.dir / "mo" / "hf_quant_config.json")["quantization"]["exclude_modules"],
+            Json::array({p + "mlp.experts", p + "self_attn.q_proj"}));
   // Asking for the experts is an error that says why, not a silent no-op.
   QuantizeOptions o = qopt(Mode::nvfp4, Convention::compressed_tensors);
   o.include = {"*experts*"};
