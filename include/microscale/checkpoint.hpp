@@ -37,7 +37,8 @@
 // directory's files that are not part of a checkpoint). So an error, a full disk or a kill leaves
 // `out` as it was or complete, never a mix; a staging directory left by a kill is refused by every
 // operation here and removed by the next run into the same `out`. An existing non-empty output
-// directory is refused unless `force`. Tensors stream one at a time, so peak memory stays near
+// directory is refused unless `force`, and even then unless it holds a checkpoint (config.json or
+// a .safetensors file): a previous output, not a home or project directory. Tensors stream one at a time, so peak memory stays near
 // the largest single tensor (input pages are released after use). The progress callback may
 // throw to stop a run (the CLI does on SIGINT/SIGTERM); nothing is left behind then.
 #pragma once

@@ -168,12 +168,18 @@ class Staging {
     out_ = fs::absolute(out).lexically_normal();
     if (out_.filename().empty()) out_ = out_.parent_path();  // "out/" names "out"
     if (fs::is_symlink(out_, ec)) out_ = fs::canonical(out_, ec);  // replace the target, keep the link
+    if (out_.filename().empty()) throw Error("output directory " + out.string() + " is a file system root; choose another");
     if (fs::exists(out_, ec)) {
       if (!fs::is_directory(out_, ec)) throw Error("output " + out.string() + " exists and is not a directory");
       if (!in_dir.empty() && fs::equivalent(in_dir, out_, ec))
         throw Error("output directory " + out.string() + " is the input directory; choose another");
-      if (!fs::is_empty(out_, ec) && !force)
-        throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
+      if (!fs::is_empty(out_, ec)) {
+        if (!force) throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
+        // The whole directory is replaced: only ever a model directory, never a home or a project.
+        if (!holds_checkpoint(out_))
+          throw Error("output directory " + out.string() + " is not empty and holds no checkpoint (no config.json or "
+                      ".safetensors file); --force replaces only a previous output: choose a new directory");
+      }
       replace_ = true;
     }
     const fs::path parent = out_.parent_path();
@@ -199,7 +205,11 @@ class Staging {
   // Moves the finished output into place: files of the old directory that are not part of a
   // checkpoint (the user's own) are carried over, then the two directories are swapped.
   void commit() {
-    if (replace_) carry_over(out_, tmp_, true);
+    if (replace_) {
+      carry_over(out_, tmp_, true);
+      std::error_code ec;
+      fs::permissions(tmp_, fs::status(out_).permissions(), ec);
+    }
     fs::remove(tmp_ / kIncomplete);
     if (!replace_) {
       if (::rename(tmp_.c_str(), out_.c_str()) != 0) throw Error(move_error(errno));
@@ -246,6 +256,13 @@ class Staging {
       const long pid = std::strtol(f.c_str() + pre.size(), &end, 10);
       if (end != f.c_str() + pre.size() && !process_alive(pid)) fs::remove_all(e.path(), ec);
     }
+  }
+
+  static bool holds_checkpoint(const fs::path& dir) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().filename() == "config.json" || ends_with(e.path().filename().string(), ".safetensors")) return true;
+    return false;
   }
 
   static bool is_checkpoint_file(const fs::path& name) {

@@ -360,6 +360,12 @@ TEST(Convert, StoppedOverwriteLeavesTheOldOutput) {
   quantize_checkpoint(m.in, out, o);
   EXPECT_FALSE(fs::exists(left));
   EXPECT_FALSE(fs::exists(swapped));
+  // --force replaces a previous output only, never a directory of other things.
+  const fs::path other = m.dir.path() / "other";
+  fs::create_directories(other);
+  write_bytes(other / "notes.txt", iot::bytes_of("x"));
+  expect_error([&] { quantize_checkpoint(m.in, other, o); }, {"holds no checkpoint", "choose a new directory"});
+  EXPECT_EQ(snapshot(other).size(), 1u);
 }
 
 // A single-file model of hand-picked tensors (values from `value(i)`, stored as `dt`) and a config.
