@@ -3,7 +3,8 @@
 // Every streaming operation first plans: each output shard gets the items (a tensor, or a
 // quantized layer) whose primary input tensor lives in the same input shard, with the entries
 // they will write, so that a conversion that cannot happen fails before anything is written.
-// Then shards are written one at a time, an item at a time, releasing input pages as it goes.
+// Then shards are written one at a time, an item at a time, releasing input pages as it goes,
+// into a staging directory that replaces the output only once everything is written (Staging).
 #include <fcntl.h>
 #include <malloc.h>
 #include <signal.h>
