@@ -168,7 +168,10 @@ class Staging {
     std::error_code ec;
     out_ = fs::absolute(out).lexically_normal();
     if (out_.filename().empty()) out_ = out_.parent_path();  // "out/" names "out"
-    if (fs::is_symlink(out_, ec)) out_ = fs::canonical(out_, ec);  // replace the target, keep the link
+    if (fs::is_symlink(out_, ec)) {  // replace the target, keep the link
+      out_ = fs::canonical(out_, ec);
+      if (ec) throw Error("output " + out.string() + " is a symbolic link to nothing: " + ec.message());
+    }
     if (out_.filename().empty()) throw Error("output directory " + out.string() + " is a file system root; choose another");
     if (fs::exists(out_, ec)) {
       if (!fs::is_directory(out_, ec)) throw Error("output " + out.string() + " exists and is not a directory");
