@@ -32,9 +32,15 @@
 // W4A16_NVFP4) unless per-module activation amaxes are supplied; a W4A4 request without them is
 // refused.
 //
-// Every file is written atomically (temporary name, then rename); an existing non-empty output
-// directory is refused unless `force`. Tensors stream one at a time, so peak memory stays near
-// the largest single tensor (input pages are released after use).
+// The whole output is built in a hidden sibling directory `.<out>.tmp.<pid>` and moved into place
+// at the end (swapped atomically with an existing one under `force`, which keeps the old
+// directory's files that are not part of a checkpoint). So an error, a full disk or a kill leaves
+// `out` as it was or complete, never a mix; a staging directory left by a kill is refused by every
+// operation here and removed by the next run into the same `out`. An existing non-empty output
+// directory is refused unless `force`, and even then unless it holds a checkpoint (config.json or
+// a .safetensors file): a previous output, not a home or project directory. Tensors stream one at a time, so peak memory stays near
+// the largest single tensor (input pages are released after use). The progress callback may
+// throw to stop a run (the CLI does on SIGINT/SIGTERM); nothing is left behind then.
 #pragma once
 
 #include <cstdint>
@@ -71,7 +77,9 @@ struct TensorReport {
   std::string format;  // "nvfp4", "mxfp4", ..., or the dtype for float tensors
   Shape shape;
   std::uint64_t bytes_in = 0, bytes_out = 0;
-  std::string reason;        // why a 2-D weight was kept, when it was
+  std::string reason;        // why a weight (2-D or more, or stacked experts) was kept, when it was
+  std::int64_t nonfinite = 0;  // NaN/Inf values in a quantized weight (warned about; fatal under
+                               // NonFinite::error)
   double rel_error = -1;     // ||w - dq(q(w))|| / ||w|| when measured, else -1
   double sqnr_db = -1;
 };
@@ -83,7 +91,8 @@ struct Report {
 };
 
 struct QuantizeOptions {
-  // mode, group_size, bits, scale_rule, nonfinite, elem; global_scale is ignored (nvfp4 exports
+  // mode, group_size, bits, scale_rule, nonfinite, elem; global_scale is ignored. Non-finite
+  // weights are counted per tensor (TensorReport::nonfinite); NonFinite::error refuses them. (nvfp4 exports
   // that store one use each tensor's amax, or its fused group's). mx scale rule: compressed-tensors
   // mxfp4 uses 'even' (as llm-compressor) unless `scale_rule_set`.
   QuantSpec spec;
@@ -91,6 +100,8 @@ struct QuantizeOptions {
   Convention to = Convention::compressed_tensors;
   // Glob patterns (`*`, `?`, `[...]`) over module names (the tensor name without ".weight"); a
   // pattern also matches any dotted suffix ("down_proj" matches "model.layers.0.mlp.down_proj").
+  // A pattern that matches no module, an include that selects nothing quantizable and an
+  // activation amax for a module that is not quantized are errors (typos must not pass).
   std::vector<std::string> exclude;  // never quantize these
   std::vector<std::string> include;  // quantize these 2-D weights even if kept by default
                                      // (lm_head, embeddings, routers)
@@ -104,12 +115,17 @@ struct QuantizeOptions {
   ProgressFn progress;
 };
 // `in`: a model directory (config.json + model.safetensors or an index with shards) or a single
-// .safetensors file; `out`: the output directory (created).
+// .safetensors file; `out`: the output directory (created). Every weight-like tensor left in high
+// precision (3-D stacked experts, float64, kept names, excluded) is reported as "kept" with its
+// reason, and the config's ignore list names the Linear ones. GPT-2 Conv1D weights ([in, out])
+// are refused unless excluded.
 Report quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
                            const QuantizeOptions& opt);
 
 struct DequantizeOptions {
-  DType dtype = DType::bfloat16;  // float32, float16 or bfloat16
+  // float32, float16 or bfloat16; unset: the dtype the checkpoint was quantized from (config.json
+  // torch_dtype), bfloat16 when that is not recorded. The written config's torch_dtype says it.
+  std::optional<DType> dtype;
   bool force = false;
   ProgressFn progress;
 };

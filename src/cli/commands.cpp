@@ -2,9 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -39,6 +42,45 @@ void print_summary(const char* verb, const io::Report& r, const fs::path& out, d
               ProgressBar::human(static_cast<double>(r.bytes_in)).c_str(),
               ProgressBar::human(static_cast<double>(r.bytes_out)).c_str(), secs);
   for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
+}
+
+// SIGINT / SIGTERM stop a run at the next tensor: the progress callback throws, the library
+// unwinds and removes its staging directory, then the process dies of the same signal. A second
+// signal kills at once (SA_RESETHAND); the next run removes what that leaves.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void remember_signal(int sig) { g_stop_signal = sig; }
+
+struct Interrupted {
+  int sig;
+};
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = remember_signal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) ::sigaction(sig, &sa, nullptr);
+}
+
+io::ProgressFn interruptible(io::ProgressFn inner) {
+  return [inner = std::move(inner)](const io::Progress& p) {
+    if (g_stop_signal) throw Interrupted{g_stop_signal};
+    inner(p);
+  };
+}
+
+// Runs a streaming command with the handlers in place; dies of the signal that stopped it.
+template <class F>
+void run_interruptible(const std::string& out, F&& body) {
+  catch_stop_signals();
+  try {
+    body();
+  } catch (const Interrupted& i) {
+    std::fprintf(stderr, "microscale: interrupted; %s left as it was\n", out.c_str());
+    std::signal(i.sig, SIG_DFL);
+    std::raise(i.sig);
+  }
 }
 
 // Format names of the issue: nvfp4, mxfp4, mxfp8, affine4, affine8 (and affine2..6).
@@ -103,7 +145,9 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_option("--group-size", o->group, "group size (affine: 32, 64 or 128; fp modes have fixed groups)");
     c->add_option("--scale-rule", o->scale_rule, "E8M0 rule for mx modes: ceil, floor, even, nearest (default: even "
                                                  "for compressed-tensors mxfp4 as llm-compressor, else ceil)");
-    c->add_option("--nonfinite", o->nonfinite, "propagate, error or saturate")->capture_default_str();
+    c->add_option("--nonfinite", o->nonfinite, "NaN/Inf weights: propagate (warn, and keep them in the blocks they "
+                                               "hit), error (fail naming the tensor) or saturate")
+        ->capture_default_str();
     c->add_option("--activation-amax", o->amax_file, "JSON {module: activation amax} from your calibration: "
                                                      "writes a W4A4 nvfp4 config with input scales");
     c->add_flag("--w4a4", o->w4a4, "demand a W4A4 config (refused unless --activation-amax covers every layer)");
@@ -111,7 +155,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_flag("--errors", o->errors, "measure and print each layer's relative error and SQNR");
     c->add_option("--errors-csv", o->errors_csv, "also write the per-layer errors to this CSV (implies --errors)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] {
+    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
       io::QuantizeOptions opt;
       opt.spec = spec_from_format(o->format);
       if (o->group) opt.spec.group_size = o->group;
@@ -131,61 +175,76 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       opt.measure_error = o->errors || !o->errors_csv.empty();
       opt.force = o->force;
       ProgressBar bar("quantize");
-      opt.progress = bar.callback();
+      opt.progress = interruptible(bar.callback());
       const auto t0 = std::chrono::steady_clock::now();
       const io::Report r = io::quantize_checkpoint(o->in, o->out, opt);
       bar.finish();
       std::printf("%s %s -> %s (%s)\n", o->format.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));
       print_summary("wrote", r, o->out, seconds_since(t0));
+      // Every weight left in high precision, by reason.
       std::map<std::string, std::vector<std::string>> kept;
       for (const io::TensorReport& t : r.tensors)
         if (t.action == "kept") kept[t.reason].push_back(t.name);
-      for (const auto& [why, names] : kept)
-        std::printf("kept %zu 2-D weight%s (%s), e.g. %s\n", names.size(), names.size() == 1 ? "" : "s", why.c_str(),
-                    names.front().c_str());
+      for (const auto& [why, names] : kept) {
+        std::string list;
+        for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+        std::printf("kept %zu weight%s (%s): %s\n", names.size(), names.size() == 1 ? "" : "s", why.c_str(), list.c_str());
+      }
+      for (const io::TensorReport& t : r.tensors)
+        if (t.nonfinite)
+          std::fprintf(stderr, "microscale: warning: %s has %lld non-finite values (NaN/Inf) of %lld, quantized with "
+                       "--nonfinite %s\n", t.name.c_str(), static_cast<long long>(t.nonfinite),
+                       static_cast<long long>(numel(t.shape)), o->nonfinite.c_str());
       if (!opt.measure_error) return;
       std::size_t w = 5;
       for (const io::TensorReport& t : r.tensors) w = std::max(w, t.name.size());
-      std::printf("\n%-*s %12s %11s %8s\n", static_cast<int>(w), "layer", "shape", "rel.error", "SQNR dB");
+      std::printf("\n%-*s %12s %11s %8s %9s\n", static_cast<int>(w), "layer", "shape", "rel.error", "SQNR dB", "nonfinite");
       for (const io::TensorReport& t : r.tensors)
         if (t.action == "quantized")
-          std::printf("%-*s %12s %11.3e %8.2f\n", static_cast<int>(w), t.name.c_str(), shape_text(t.shape).c_str(),
-                      t.rel_error, t.sqnr_db);
+          std::printf("%-*s %12s %11.3e %8.2f %9lld\n", static_cast<int>(w), t.name.c_str(), shape_text(t.shape).c_str(),
+                      t.rel_error, t.sqnr_db, static_cast<long long>(t.nonfinite));
+        else if (t.action == "kept")
+          std::printf("%-*s %12s kept: %s\n", static_cast<int>(w), t.name.c_str(), shape_text(t.shape).c_str(),
+                      t.reason.c_str());
       if (!o->errors_csv.empty()) {
+        // Kept weights have empty errors and their reason; quoted, as reasons hold commas.
         std::ofstream f(o->errors_csv);
-        f << "layer,rows,cols,format,rel_error,sqnr_db\n";
+        f << "layer,shape,format,rel_error,sqnr_db,nonfinite,kept\n";
         for (const io::TensorReport& t : r.tensors)
           if (t.action == "quantized")
-            f << t.name << ',' << t.shape[0] << ',' << t.shape[1] << ',' << o->format << ',' << t.rel_error << ','
-              << t.sqnr_db << '\n';
+            f << t.name << ',' << shape_text(t.shape) << ',' << o->format << ',' << t.rel_error << ',' << t.sqnr_db
+              << ',' << t.nonfinite << ",\n";
+          else if (t.action == "kept")
+            f << t.name << ',' << shape_text(t.shape) << ',' << t.format << ",,,,\"" << t.reason << "\"\n";
         if (!f) throw Error("cannot write --errors-csv file '" + o->errors_csv + "'");
       }
-    }});
+    }); }});
   }
 
   // ---- dequantize
   {
     struct O {
-      std::string in, out, dtype = "bfloat16";
+      std::string in, out, dtype;
       bool force = false;
     };
     auto o = std::make_shared<O>();
     CLI::App* c = app.add_subcommand("dequantize", "turn a quantized checkpoint back into float weights");
     c->add_option("MODEL_DIR", o->in, "quantized model directory or .safetensors file")->required();
     c->add_option("-o,--output", o->out, "output directory")->required();
-    c->add_option("--dtype", o->dtype, "bfloat16, float32 or float16")->capture_default_str();
+    c->add_option("--dtype", o->dtype, "bfloat16, float32 or float16 (default: the dtype the checkpoint was "
+                                       "quantized from, its config's torch_dtype)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] {
+    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
       io::DequantizeOptions opt;
-      opt.dtype = dtype_from_name(o->dtype);
+      if (!o->dtype.empty()) opt.dtype = dtype_from_name(o->dtype);
       opt.force = o->force;
       ProgressBar bar("dequantize");
-      opt.progress = bar.callback();
+      opt.progress = interruptible(bar.callback());
       const auto t0 = std::chrono::steady_clock::now();
       const io::Report r = io::dequantize_checkpoint(o->in, o->out, opt);
       bar.finish();
       print_summary("wrote", r, o->out, seconds_since(t0));
-    }});
+    }); }});
   }
 
   // ---- convert
@@ -203,18 +262,18 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_flag("--unify-fused-scales", o->unify, "re-quantize fused groups (q/k/v, gate/up) whose global scales "
                                                   "differ to their common max (lossy for those layers)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] {
+    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
       io::ConvertOptions opt;
       opt.to = io::convention_from_name(o->to);
       opt.unify_fused_scales = o->unify;
       opt.force = o->force;
       ProgressBar bar("convert");
-      opt.progress = bar.callback();
+      opt.progress = interruptible(bar.callback());
       const auto t0 = std::chrono::steady_clock::now();
       const io::Report r = io::convert_checkpoint(o->in, o->out, opt);
       bar.finish();
       print_summary("wrote", r, o->out, seconds_since(t0));
-    }});
+    }); }});
   }
 
   // ---- inspect

@@ -96,16 +96,12 @@ struct Input {
 };
 Input open_input(const fs::path& path);
 
-// Creates `out`, refusing an existing non-empty directory without force and the input
-// directory itself always.
-void prepare_output(const fs::path& in_dir, const fs::path& out, bool force);
-// Copies every other file of `in_dir` (tokenizer, generation config, subfolders ...) atomically,
-// skipping checkpoint files (*.safetensors, the index, config.json, hf_quant_config.json) and
-// other weight formats, which would be stale; returns notes about what was skipped.
+// Copies every other file of `in_dir` (tokenizer, generation config, subfolders ...) into `out`
+// (the converters' staging directory), skipping checkpoint files (*.safetensors, the index,
+// config.json, hf_quant_config.json) and other weight formats, which would be stale; returns
+// notes about what was skipped.
 std::vector<std::string> copy_other_files(const fs::path& in_dir, const fs::path& out);
 void write_text_atomic(const fs::path& path, const std::string& text);
-// After a --force run: checkpoint files in `out` that this run did not write.
-void remove_stale(const fs::path& out, const std::set<fs::path>& written);
 
 // Glob patterns over module names; a pattern also matches any dotted suffix of the name.
 bool matches(const std::vector<std::string>& patterns, const std::string& module);

@@ -3,10 +3,17 @@
 // Every streaming operation first plans: each output shard gets the items (a tensor, or a
 // quantized layer) whose primary input tensor lives in the same input shard, with the entries
 // they will write, so that a conversion that cannot happen fails before anything is written.
-// Then shards are written one at a time, an item at a time, releasing input pages as it goes.
+// Then shards are written one at a time, an item at a time, releasing input pages as it goes,
+// into a staging directory that replaces the output only once everything is written (Staging).
+#include <fcntl.h>
 #include <malloc.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -72,6 +79,27 @@ TensorStats stats_of(std::span<const std::byte> data, StDType t, std::size_t n) 
   return s;
 }
 
+// NaN and Inf are the values with every exponent bit set, in each float format.
+template <class Bits>
+std::int64_t count_exponent_all_ones(std::span<const std::byte> data, Bits mask) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i + sizeof(Bits) <= data.size(); i += sizeof(Bits)) {
+    Bits v;
+    std::memcpy(&v, data.data() + i, sizeof(Bits));
+    n += (v & mask) == mask;
+  }
+  return n;
+}
+
+std::int64_t count_nonfinite(std::span<const std::byte> data, StDType t) {
+  switch (t) {
+    case StDType::f32: return count_exponent_all_ones<std::uint32_t>(data, 0x7F800000u);
+    case StDType::bf16: return count_exponent_all_ones<std::uint16_t>(data, 0x7F80u);
+    case StDType::f16: return count_exponent_all_ones<std::uint16_t>(data, 0x7C00u);
+    default: return 0;
+  }
+}
+
 // A float view of a tensor's bytes; copies when the mapping is not aligned for the dtype.
 TensorView view_of(std::span<const std::byte> data, StDType st, const Shape& shape, Tensor& storage) {
   const DType dt = *to_dtype(st);
@@ -99,6 +127,180 @@ Tensor dequantize_layer(const Layer& l, DType dt) {
 void release_sources(const Checkpoint& ck, const Layer& l) {
   for (const std::string& s : l.sources) release(ck.tensor(s).data);
 }
+
+// ---- the output directory
+
+// Present in a staging directory until it is complete: microscale refuses a directory holding it.
+constexpr const char* kIncomplete = ".microscale-incomplete";
+
+// The name Staging gives its directory: `.<name>.tmp.<pid>`, or with ".old" while it holds the
+// output being replaced.
+bool staging_name(const std::string& f) {
+  const std::size_t t = f.find(".tmp.");
+  return !f.empty() && f[0] == '.' && t != std::string::npos && t + 5 < f.size() && std::isdigit(static_cast<unsigned char>(f[t + 5]));
+}
+
+// Like open_input, but refuses the leftovers of a killed run: a staging directory (by its name,
+// whatever state the kill left it in) or a directory holding the marker.
+Input open_complete(const fs::path& path) {
+  std::error_code ec;
+  fs::path dir = fs::absolute(fs::is_directory(path, ec) ? path : path.parent_path().empty() ? fs::path(".") : path.parent_path());
+  dir = dir.lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
+  if (staging_name(dir.filename().string()) || fs::exists(dir / kIncomplete, ec))
+    throw Error(dir.string() + " is an unfinished microscale output (the run writing it was stopped); delete it "
+                "and run the command again");
+  return open_input(path);
+}
+
+bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
+
+// The whole output is built in a hidden sibling `.<name>.tmp.<pid>` and moved into place at the
+// end, swapped atomically with an existing directory (--force). A kill, a full disk or any error
+// therefore leaves either the old result or the new one at `out`, never a mix; the staging
+// directory is removed on errors (the CLI turns SIGINT/SIGTERM into one) and, after SIGKILL, by the
+// next run. microscale refuses a leftover (by its name, and by a marker kept inside until commit);
+// config.json is written last and deleted first, so loaders (which need it) find a leftover
+// either complete or unloadable.
+class Staging {
+ public:
+  Staging(const fs::path& in_dir, const fs::path& out, bool force) {
+    std::error_code ec;
+    out_ = fs::absolute(out).lexically_normal();
+    if (out_.filename().empty()) out_ = out_.parent_path();  // "out/" names "out"
+    if (fs::is_symlink(out_, ec)) {  // replace the target, keep the link
+      out_ = fs::canonical(out_, ec);
+      if (ec) throw Error("output " + out.string() + " is a symbolic link to nothing: " + ec.message());
+    }
+    if (out_.filename().empty()) throw Error("output directory " + out.string() + " is a file system root; choose another");
+    if (fs::exists(out_, ec)) {
+      if (!fs::is_directory(out_, ec)) throw Error("output " + out.string() + " exists and is not a directory");
+      if (!in_dir.empty() && fs::equivalent(in_dir, out_, ec))
+        throw Error("output directory " + out.string() + " is the input directory; choose another");
+      if (!fs::is_empty(out_, ec)) {
+        if (!force) throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
+        // The whole directory is replaced: only ever a model directory, never a home or a project.
+        if (!holds_checkpoint(out_))
+          throw Error("output directory " + out.string() + " is not empty and holds no checkpoint (no config.json or "
+                      ".safetensors file); --force replaces only a previous output: choose a new directory");
+      }
+      replace_ = true;
+    }
+    const fs::path parent = out_.parent_path();
+    fs::create_directories(parent, ec);
+    if (ec) throw Error("cannot create output directory " + out.string() + ": " + ec.message());
+    remove_dead_runs();
+    tmp_ = parent / (prefix() + std::to_string(::getpid()));
+    fs::remove_all(tmp_, ec);
+    if (!fs::create_directory(tmp_, ec) || ec)
+      throw Error("cannot create output directory " + tmp_.string() + ": " + (ec ? ec.message() : "it exists"));
+    write_text_atomic(tmp_ / kIncomplete, "microscale is writing " + out_.string() + "\n");
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    std::error_code ec;
+    if (!committed_) fs::remove_all(tmp_, ec);
+  }
+
+  const fs::path& dir() const { return tmp_; }
+  const fs::path& out() const { return out_; }
+
+  // Moves the finished output into place: files of the old directory that are not part of a
+  // checkpoint (the user's own) are carried over, then the two directories are swapped.
+  void commit() {
+    if (replace_) {
+      carry_over(out_, tmp_, true);
+      std::error_code ec;
+      fs::permissions(tmp_, fs::status(out_).permissions(), ec);
+    }
+    fs::remove(tmp_ / kIncomplete);
+    if (!replace_) {
+      if (::rename(tmp_.c_str(), out_.c_str()) != 0) throw Error(move_error(errno));
+    } else if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, out_.c_str(), RENAME_EXCHANGE) != 0) {
+      if (errno != EINVAL && errno != ENOSYS) throw Error(move_error(errno));
+      // No atomic exchange on this file system: move the old one aside first (the output is
+      // briefly absent, never mixed).
+      const fs::path aside = tmp_.string() + ".old";
+      if (::rename(out_.c_str(), aside.c_str()) != 0) throw Error(move_error(errno));
+      if (::rename(tmp_.c_str(), out_.c_str()) != 0) {
+        const int err = errno;
+        (void)::rename(aside.c_str(), out_.c_str());
+        throw Error(move_error(err));
+      }
+      committed_ = true;
+      std::error_code ec;
+      fs::remove(aside / "config.json", ec);
+      fs::remove_all(aside, ec);
+      return;
+    }
+    committed_ = true;
+    // After the exchange the staging directory holds the old output: its config.json goes first,
+    // so that a kill while deleting the rest leaves nothing loadable.
+    std::error_code ec;
+    fs::remove(tmp_ / "config.json", ec);
+    fs::remove_all(tmp_, ec);
+  }
+
+ private:
+  std::string prefix() const { return "." + out_.filename().string() + ".tmp."; }
+
+  std::string move_error(int err) const {
+    return "cannot move the finished output " + tmp_.string() + " to " + out_.string() + ": " + std::strerror(err);
+  }
+
+  // Staging directories of runs that were killed (their process is gone).
+  void remove_dead_runs() const {
+    std::error_code ec;
+    const std::string pre = prefix();
+    for (const auto& e : fs::directory_iterator(out_.parent_path(), ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind(pre, 0) != 0) continue;
+      char* end = nullptr;
+      const long pid = std::strtol(f.c_str() + pre.size(), &end, 10);
+      if (end != f.c_str() + pre.size() && !process_alive(pid)) fs::remove_all(e.path(), ec);
+    }
+  }
+
+  static bool holds_checkpoint(const fs::path& dir) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().filename() == "config.json" || ends_with(e.path().filename().string(), ".safetensors")) return true;
+    return false;
+  }
+
+  static bool is_checkpoint_file(const fs::path& name) {
+    const std::string f = name.string();
+    return ends_with(f, ".safetensors") || ends_with(f, ".safetensors.index.json") || f == "config.json" ||
+           f == "hf_quant_config.json" || f == kIncomplete;
+  }
+
+  // Hard links (copies where links fail) of what `from` has and `to` lacks; at the top level,
+  // checkpoint files of the old output are left behind, as are temporary files anywhere.
+  static void carry_over(const fs::path& from, const fs::path& to, bool top) {
+    for (const auto& e : fs::directory_iterator(from)) {
+      const fs::path name = e.path().filename();
+      const fs::path dst = to / name;
+      if ((top && is_checkpoint_file(name)) || name.string().find(".tmp.") != std::string::npos) continue;
+      if (e.is_directory() && !e.is_symlink()) {
+        fs::create_directories(dst);
+        carry_over(e.path(), dst, false);
+        continue;
+      }
+      std::error_code ec;
+      if (fs::exists(fs::symlink_status(dst))) continue;  // written by this run
+      if (e.is_symlink()) {
+        fs::copy_symlink(e.path(), dst);
+        continue;
+      }
+      fs::create_hard_link(e.path(), dst, ec);
+      if (ec) fs::copy_file(e.path(), dst);
+    }
+  }
+
+  fs::path out_, tmp_;
+  bool replace_ = false, committed_ = false;
+};
 
 // ---- the streaming pipeline
 
@@ -165,16 +367,14 @@ std::vector<StEntry> entries_of(const std::vector<Out>& outs) {
   return e;
 }
 
-// Writes every shard (same relative names as the input), the index when the input had one, and
-// returns the files written.
-std::set<fs::path> execute(const Input& in, const fs::path& out, std::vector<Item>& items, bool mlx,
+// Writes every shard (same relative names as the input) and the index when the input had one.
+void execute(const Input& in, const fs::path& out, std::vector<Item>& items, bool mlx,
                            const ProgressFn& progress, Report& report) {
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return std::tie(a.shard, a.order) < std::tie(b.shard, b.order); });
   Progress pr;
   pr.total = items.size();
   for (const Item& it : items) pr.bytes_total += it.in_bytes;
-  std::set<fs::path> written;
   std::vector<fs::path> shards;
   std::size_t next = 0;
   for (std::size_t s = 0; s < in.shard_rel.size(); ++s) {
@@ -198,41 +398,95 @@ std::set<fs::path> execute(const Input& in, const fs::path& out, std::vector<Ite
       if (progress) progress(pr);
     }
     w.finish();
-    written.insert(path);
     shards.push_back(path);
     report.bytes_out += fs::file_size(path);
   }
   report.shards = shards.size();
   report.bytes_in = pr.bytes_total;
-  if (in.indexed) {
-    write_index(out / in.index_name, shards, in.ck.metadata());
-    written.insert(out / in.index_name);
-  }
-  return written;
+  if (in.indexed) write_index(out / in.index_name, shards, in.ck.metadata());
 }
 
-// config.json (and hf_quant_config.json) for the output, then the other files.
-void finish_dir(const Input& in, const fs::path& out, std::optional<Convention> to, const QuantMeta& meta,
-                bool force, std::set<fs::path> written, Report& report) {
+// The rest of the output in the staging directory: the input's other files, hf_quant_config.json,
+// then config.json last. With `dtype`, the config's torch_dtype says what the weights now are.
+void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta,
+                Report& report, std::optional<DType> dtype = std::nullopt) {
+  for (std::string& n : copy_other_files(in.dir, st.dir())) report.notes.push_back(std::move(n));
+  // An output inside the input directory: its old files and other runs' staging directories
+  // are not part of the model.
+  std::error_code ec;
+  const fs::path in_abs = fs::absolute(in.dir).lexically_normal();
+  const fs::path rel = st.out().lexically_relative(in_abs);
+  if (!rel.empty() && *rel.begin() != "..") fs::remove_all(st.dir() / rel, ec);
+  for (const auto& e : fs::directory_iterator(st.dir(), ec))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) fs::remove_all(e.path(), ec);
+
   Json config = in.config;
   if (config.is_null() && to) report.notes.push_back("the input has no config.json; wrote one holding only the quantization block");
-  if (!config.is_null() || to) {
-    Json hf = apply_config(config, to, meta);
-    write_text_atomic(out / "config.json", config.dump(2) + "\n");
-    if (!hf.is_null()) {
-      write_text_atomic(out / "hf_quant_config.json", hf.dump(2) + "\n");
-      written.insert(out / "hf_quant_config.json");
-    }
-  }
-  for (std::string& n : copy_other_files(in.dir, out)) report.notes.push_back(std::move(n));
-  if (force) remove_stale(out, written);
+  if (config.is_null() && !to) return;
+  Json hf = apply_config(config, to, meta);
+  if (dtype)
+    for (const char* k : {"torch_dtype", "dtype"})
+      if (k == std::string("torch_dtype") || config.contains(k)) config[k] = dtype_name(*dtype);
+  if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
+  write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
 }
 
-// 2-D projection weights left in high precision, as the configs' ignore lists name them
+// Weights left in high precision that the configs' ignore lists name: every kind of Linear weight
 // (embeddings and norms are not Linear layers, so no loader looks them up).
-bool ignorable(const std::string& reason) {
-  return reason != "embedding" && reason != "norm" && reason != "not a .weight" && reason.find("-D") == std::string::npos &&
-         reason.rfind("dtype", 0) != 0;
+bool ignorable(const std::string& reason) { return reason != "embedding" && reason != "norm"; }
+
+// Stacked expert tensors ([experts, ...], all experts of a layer in one tensor).
+bool stacked_experts(std::string_view name, const Shape& shape) {
+  return shape.size() >= 3 && name.find("experts") != std::string_view::npos;
+}
+
+// What a user takes for a weight: every `.weight` of two or more dimensions, and stacked experts.
+// Each one left unquantized is reported with its reason.
+bool looks_like_weight(std::string_view name, const Shape& shape) {
+  return (ends_with(name, ".weight") && shape.size() >= 2) || stacked_experts(name, shape);
+}
+
+// The module a weight-like tensor belongs to (stacked experts are parameters of their module).
+std::string owner_module(const std::string& name) {
+  if (ends_with(name, ".weight")) return module_of(name);
+  const std::size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+// GPT-2's Conv1D layers store their weight [in, out], transposed from Linear's [out, in]:
+// quantized as stored, groups would run along the output axis. Names alone are not enough
+// (GPT-BigCode uses the same names for Linear layers), so the config decides when it names the
+// model type.
+bool conv1d_weight(const Json& config, const std::string& module) {
+  const std::string last = module.substr(module.rfind('.') + 1);
+  if (last != "c_attn" && last != "c_fc" && last != "c_proj" && last != "q_attn") return false;
+  if (!config.is_object()) return true;
+  if (auto a = config.find("architectures"); a != config.end() && a->is_array())
+    for (const Json& arch : *a)
+      if (arch.is_string())
+        for (const char* p : {"GPT2", "OpenAIGPT", "ImageGPT", "DecisionTransformer"})
+          if (arch.get<std::string>().rfind(p, 0) == 0) return true;
+  const auto t = config.find("model_type");
+  if (t == config.end() || !t->is_string()) return true;
+  const std::string type = t->get<std::string>();
+  return type == "gpt2" || type == "openai-gpt" || type == "imagegpt" || type == "decision_transformer";
+}
+
+// Adds the module of a tensor left in high precision to the configs' ignore list, when loaders
+// would otherwise take it for a quantized Linear.
+void add_ignored(std::vector<std::string>& ignore, const std::string& name, const Shape& shape, StDType dtype) {
+  if (!looks_like_weight(name, shape) || !ignorable(why_kept(name, shape, dtype))) return;
+  const std::string m = owner_module(name);
+  if (std::find(ignore.begin(), ignore.end(), m) == ignore.end()) ignore.push_back(m);
+}
+
+// "a (why), b (why), ..." for an error message, at most `limit` entries.
+std::string list_reasons(const std::vector<std::pair<std::string, std::string>>& items, std::size_t limit = 40) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size() && i < limit; ++i)
+    out += (i ? ", " : "") + detail::quote(items[i].first) + (items[i].second.empty() ? "" : " (" + items[i].second + ")");
+  if (items.size() > limit) out += ", and " + std::to_string(items.size() - limit) + " more";
+  return out;
 }
 
 void check_unsupported(const Detected& d) {
@@ -263,7 +517,7 @@ double rel_error(const TensorView& w, const Tensor& y, double* sqnr) {
 // ---- quantize
 
 Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
-  const Input in = open_input(in_path);
+  const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   if (!det.layers.empty() || !det.unsupported.empty())
     throw Error(in_path.string() + " is already quantized (" + det.convention +
@@ -287,22 +541,36 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     Layer skel;
   };
   std::vector<Sel> chosen;
-  std::vector<std::string> ignore, kept_reasons;
-  std::map<std::string, std::string> kept;  // tensor -> reason, for 2-D float weights
+  std::vector<std::string> ignore;
+  std::map<std::string, std::string> kept;  // weight-like tensor -> why it stays in high precision
+  std::vector<std::pair<std::string, std::string>> kept_list;  // the same, in checkpoint order
+  std::map<std::string, std::string> weight_modules;  // module -> why kept ("" when quantized)
+  std::vector<std::string> conv1d;
+  std::set<std::string> all_modules;
   for (const std::string& n : in.ck.names()) {
     const StTensor& t = in.ck.tensor(n);
+    all_modules.insert(module_of(n));
+    if (!looks_like_weight(n, t.shape)) continue;  // biases, norms, buffers: copied
     std::string reason = why_kept(n, t.shape, t.dtype);
-    const std::string m = module_of(n);
+    const std::string m = owner_module(n);
+    if (t.shape.size() != 2)
+      reason = std::to_string(t.shape.size()) + "-D" + (stacked_experts(n, t.shape) ? " stacked experts" : "") +
+               ": the exported layouts quantize 2-D Linear weights only";
+    else if (reason.rfind("dtype", 0) == 0)
+      reason += ": only float32, float16 and bfloat16 weights are quantized";
     const bool semantic = reason == "lm_head" || reason == "embedding" || reason == "router" || reason == "norm";
     if (semantic && matches(opt.include, m)) reason.clear();
     if (reason.empty() && matches(opt.exclude, m)) reason = "excluded";
     if (reason.empty() && t.shape[1] % base.group_size != 0)
       reason = "K = " + std::to_string(t.shape[1]) + " is not a multiple of the group size " + std::to_string(base.group_size);
+    if (!weight_modules.count(m) || !reason.empty()) weight_modules[m] = reason;
     if (!reason.empty()) {
-      if (ends_with(n, ".weight") && t.shape.size() == 2 && reason.rfind("dtype", 0) != 0) kept[n] = reason;
-      if (ends_with(n, ".weight") && t.shape.size() == 2 && ignorable(reason)) ignore.push_back(m);
+      kept[n] = reason;
+      kept_list.emplace_back(n, reason);
+      if (ignorable(reason) && std::find(ignore.begin(), ignore.end(), m) == ignore.end()) ignore.push_back(m);
       continue;
     }
+    if (conv1d_weight(in.config, m)) conv1d.push_back(n);
     Layer l;
     l.module = m;
     l.mode = base.mode;
@@ -313,7 +581,43 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     if (three) l.global = {Global::amax, 1.0f};
     chosen.push_back({n, m, std::move(l)});
   }
-  if (chosen.empty()) throw Error("no projection weights to quantize in " + in_path.string());
+
+  // Patterns and module names that select nothing are typos: refuse them.
+  auto example = [&] {
+    return weight_modules.empty() ? std::string("this checkpoint has no weights")
+                                  : "modules are named like " + detail::quote(weight_modules.begin()->first);
+  };
+  for (const std::string& p : opt.exclude)
+    if (std::none_of(all_modules.begin(), all_modules.end(), [&](const std::string& m) { return matches({p}, m); }))
+      throw Error("--exclude " + detail::quote(p) + " matches no module (" + example() + ")");
+  for (const std::string& p : opt.include) {
+    std::vector<std::pair<std::string, std::string>> hit;
+    bool used = false;
+    for (const auto& [m, why] : weight_modules)
+      if (matches({p}, m)) {
+        used = used || why.empty();
+        hit.emplace_back(m, why);
+      }
+    if (hit.empty()) throw Error("--include " + detail::quote(p) + " matches no weight (" + example() + ")");
+    if (!used) throw Error("--include " + detail::quote(p) + " selects nothing that can be quantized: " + list_reasons(hit));
+  }
+  for (const auto& [m, amax] : opt.activation_amax) {
+    const auto w = weight_modules.find(m);
+    if (w == weight_modules.end())
+      throw Error("--activation-amax names " + detail::quote(m) + ", which is no module of this checkpoint (" + example() + ")");
+    if (!w->second.empty())
+      throw Error("--activation-amax names " + detail::quote(m) + ", which is not quantized (" + w->second + ")");
+  }
+  if (!conv1d.empty()) {
+    std::vector<std::pair<std::string, std::string>> names;
+    for (const std::string& n : conv1d) names.emplace_back(n, "");
+    throw Error("GPT-2 style Conv1D weights are stored [in, out], transposed from Linear's [out, in], and microscale "
+                "does not quantize them yet (groups would run along the wrong axis): " + list_reasons(names, 6) +
+                ". Keep them in high precision with --exclude c_attn --exclude c_fc --exclude c_proj");
+  }
+  if (chosen.empty())
+    throw Error("no weights to quantize in " + in_path.string() +
+                (kept_list.empty() ? std::string(": it has no 2-D .weight tensors") : ": " + list_reasons(kept_list)));
 
   // Activation scales: only from the user's calibration; refuse W4A4 without them.
   const bool w4a4 = opt.w4a4 || !opt.activation_amax.empty();
@@ -385,6 +689,11 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     it.label = s.module;
     it.run = [&, sp = &s](SafetensorsWriter& w) {
       const StTensor& src = in.ck.tensor(sp->name);
+      const std::int64_t nonfinite = count_nonfinite(src.data, src.dtype);
+      if (nonfinite && base.nonfinite == NonFinite::error)
+        throw Error("tensor " + detail::quote(sp->name) + " has " + std::to_string(nonfinite) + " non-finite values (NaN/Inf) of " +
+                    std::to_string(src.numel()) + "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
+                    "in the blocks they hit) or saturate");
       Tensor storage;
       const TensorView x = view_of(src.data, src.dtype, src.shape, storage);
       QuantSpec spec = base;
@@ -409,6 +718,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       r.format = name(q.spec.mode);
       r.shape = src.shape;
       r.bytes_in = src.data.size();
+      r.nonfinite = nonfinite;
       write_emitted(w, emit(l, opt.to), &r);
       if (opt.measure_error) r.rel_error = rel_error(x, dequantize(q, DType::float32), &r.sqnr_db);
       release(src.data);
@@ -417,33 +727,58 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     items.push_back(std::move(it));
   }
 
-  prepare_output(in.dir, out, opt.force);
-  std::set<fs::path> written = execute(in, out, items, opt.to == Convention::mlx, opt.progress, report);
-  finish_dir(in, out, opt.to, meta, opt.force, std::move(written), report);
+  Staging st(in.dir, out, opt.force);
+  execute(in, st.dir(), items, opt.to == Convention::mlx, opt.progress, report);
+  finish_dir(in, st, opt.to, meta, report);
+  st.commit();
   return report;
 }
 
 // ---- dequantize
 
+namespace {
+
+// The float dtype the quantized checkpoint was made from: config.json's torch_dtype (or dtype,
+// its newer name), else the dtype of MLX affine scales, else bfloat16 (with a note).
+DType source_dtype(const Input& in, const Detected& det, Report& report) {
+  if (in.config.is_object())
+    for (const char* k : {"torch_dtype", "dtype"})
+      if (auto it = in.config.find(k); it != in.config.end() && it->is_string()) {
+        const std::string v = it->get<std::string>();
+        for (DType d : {DType::float32, DType::float16, DType::bfloat16})
+          if (v == dtype_name(d)) return d;
+      }
+  for (const Layer& l : det.layers)
+    if (l.mode == Mode::affine)
+      if (const auto d = to_dtype(l.float_dtype); d && is_float(*d)) return *d;
+  report.notes.push_back("the source dtype is not recorded (no torch_dtype in config.json): wrote bfloat16; choose "
+                         "another with --dtype");
+  return DType::bfloat16;
+}
+
+}  // namespace
+
 Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const DequantizeOptions& opt) {
-  if (!is_float(opt.dtype)) throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(opt.dtype));
-  const Input in = open_input(in_path);
+  if (opt.dtype && !is_float(*opt.dtype))
+    throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(*opt.dtype));
+  const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   check_unsupported(det);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers; nothing to dequantize");
   Report report;
+  const DType dtype = opt.dtype ? *opt.dtype : source_dtype(in, det, report);
   std::vector<Item> items;
   std::size_t acts = 0;
   for (const Layer& l : det.layers) {
     Item it;
     it.shard = shard_no(in, l.sources[0]);
     it.order = in.ck.tensor(l.sources[0]).begin;
-    it.entries = {{l.module + ".weight", to_st_dtype(opt.dtype), l.shape}};
+    it.entries = {{l.module + ".weight", to_st_dtype(dtype), l.shape}};
     for (const std::string& s : l.sources) it.in_bytes += in.ck.tensor(s).data.size();
     it.label = l.module;
     acts += l.act.has_value();
     it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
-      const Tensor y = dequantize_layer(*lp, opt.dtype);
+      const Tensor y = dequantize_layer(*lp, dtype);
       w.write_tensor(lp->module + ".weight", y);
       release_sources(in.ck, *lp);
       TensorReport r;
@@ -461,16 +796,17 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
     if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
   if (acts) report.notes.push_back(std::to_string(acts) + " activation scales dropped (the output is not quantized)");
 
-  prepare_output(in.dir, out, opt.force);
-  std::set<fs::path> written = execute(in, out, items, false, opt.progress, report);
-  finish_dir(in, out, std::nullopt, {}, opt.force, std::move(written), report);
+  Staging st(in.dir, out, opt.force);
+  execute(in, st.dir(), items, false, opt.progress, report);
+  finish_dir(in, st, std::nullopt, {}, report, dtype);
+  st.commit();
   return report;
 }
 
 // ---- convert
 
 Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const ConvertOptions& opt) {
-  const Input in = open_input(in_path);
+  const Input in = open_complete(in_path);
   Detected det = detect(in.ck, in.config);
   check_unsupported(det);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");
@@ -529,8 +865,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   for (const std::string& n : in.ck.names()) {
     if (det.consumed.count(n)) continue;
     const StTensor& t = in.ck.tensor(n);
-    const std::string r = why_kept(n, t.shape, t.dtype);
-    if (ends_with(n, ".weight") && t.shape.size() == 2 && (r.empty() || ignorable(r))) meta.ignore.push_back(module_of(n));
+    add_ignored(meta.ignore, n, t.shape, t.dtype);
   }
 
   std::vector<Item> items;
@@ -572,16 +907,17 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   for (const std::string& n : in.ck.names())
     if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
 
-  prepare_output(in.dir, out, opt.force);
-  std::set<fs::path> written = execute(in, out, items, opt.to == Convention::mlx, opt.progress, report);
-  finish_dir(in, out, opt.to, meta, opt.force, std::move(written), report);
+  Staging st(in.dir, out, opt.force);
+  execute(in, st.dir(), items, opt.to == Convention::mlx, opt.progress, report);
+  finish_dir(in, st, opt.to, meta, report);
+  st.commit();
   return report;
 }
 
 // ---- inspect
 
 InspectResult inspect_checkpoint(const fs::path& path, bool stats, const ProgressFn& progress) {
-  const Input in = open_input(path);
+  const Input in = open_complete(path);
   const Detected det = detect(in.ck, in.config);
   InspectResult res;
   res.convention = det.convention;
@@ -687,7 +1023,7 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
 // ---- in memory
 
 CheckpointData load_checkpoint(const fs::path& path) {
-  const Input in = open_input(path);
+  const Input in = open_complete(path);
   const Detected det = detect(in.ck, in.config);
   check_unsupported(det);
   CheckpointData data;
@@ -770,16 +1106,16 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
     if (st_nbytes(t.dtype, t.shape) != t.data.size())
       throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " + st_dtype_name(t.dtype) + " " + fmt_shape(t.shape));
     all.push_back({t.name, t.dtype, t.shape, t.data});
-    const std::string r = why_kept(t.name, t.shape, t.dtype);
-    if (ends_with(t.name, ".weight") && t.shape.size() == 2 && (r.empty() || ignorable(r))) meta.ignore.push_back(module_of(t.name));
+    add_ignored(meta.ignore, t.name, t.shape, t.dtype);
   }
   Json config = data.config_json.empty() ? Json::object()
                                          : detail::parse_json(data.config_json, "config_json", "config", 256);
-  prepare_output({}, out, force);
-  save_safetensors(out / "model.safetensors", all, to == Convention::mlx ? Metadata{{"format", "mlx"}} : Metadata{{"format", "pt"}});
+  Staging st({}, out, force);
+  save_safetensors(st.dir() / "model.safetensors", all, to == Convention::mlx ? Metadata{{"format", "mlx"}} : Metadata{{"format", "pt"}});
   Json hf = apply_config(config, to, meta);
-  write_text_atomic(out / "config.json", config.dump(2) + "\n");
-  if (!hf.is_null()) write_text_atomic(out / "hf_quant_config.json", hf.dump(2) + "\n");
+  if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
+  write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
+  st.commit();
 }
 
 }  // namespace microscale::io

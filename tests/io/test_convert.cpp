@@ -320,6 +320,228 @@ TEST(Convert, SelectionActivationsAndForce) {
   EXPECT_EQ(read_json(m.dir.path() / "w4a4_mo" / "hf_quant_config.json")["quantization"]["quant_algo"], "NVFP4");
 }
 
+std::map<std::string, Bytes> snapshot(const fs::path& dir) {
+  std::map<std::string, Bytes> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) files[e.path().lexically_relative(dir).string()] = read_bytes(e.path());
+  return files;
+}
+
+TEST(Convert, StoppedOverwriteLeavesTheOldOutput) {
+  Model m;
+  const fs::path out = m.dir.path() / "out";
+  quantize_checkpoint(m.in, out, qopt(Mode::nvfp4, Convention::compressed_tensors));
+  write_bytes(out / "README.md", iot::bytes_of("mine"));  // not part of the checkpoint: kept by --force
+  const auto old = snapshot(out);
+  // A run stopped part-way (the CLI's SIGINT/SIGTERM handling throws from the progress callback).
+  QuantizeOptions o = qopt(Mode::mxfp4, Convention::compressed_tensors);
+  o.force = true;
+  o.progress = [](const Progress& p) {
+    if (p.done == 5) throw Error("stop");
+  };
+  expect_error([&] { quantize_checkpoint(m.in, out, o); }, {"stop"});
+  EXPECT_EQ(snapshot(out), old);
+  for (const auto& e : fs::directory_iterator(m.dir.path())) EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  // The same run completed replaces the checkpoint files and keeps the user's own.
+  o.progress = {};
+  quantize_checkpoint(m.in, out, o);
+  EXPECT_EQ(read_json(out / "config.json")["quantization_config"]["format"], "mxfp4-pack-quantized");
+  EXPECT_EQ(read_bytes(out / "README.md"), iot::bytes_of("mine"));
+  // What a SIGKILL leaves is refused, and removed by the next run into the same output.
+  const fs::path left = m.dir.path() / ".out.tmp.999999999";
+  fs::copy(out, left, fs::copy_options::recursive);
+  write_bytes(left / ".microscale-incomplete", {});
+  expect_error([&] { (void)inspect_checkpoint(left); }, {"unfinished"});
+  expect_error([&] { dequantize_checkpoint(left, m.dir.path() / "dq", {}); }, {"unfinished"});
+  // Killed after the marker went (or while deleting the replaced output): refused by its name.
+  const fs::path swapped = m.dir.path() / ".out.tmp.999999998.old";
+  fs::copy(out, swapped, fs::copy_options::recursive);
+  expect_error([&] { (void)inspect_checkpoint(swapped); }, {"unfinished"});
+  quantize_checkpoint(m.in, out, o);
+  EXPECT_FALSE(fs::exists(left));
+  EXPECT_FALSE(fs::exists(swapped));
+  // --force replaces a previous output only, never a directory of other things.
+  const fs::path other = m.dir.path() / "other";
+  fs::create_directories(other);
+  write_bytes(other / "notes.txt", iot::bytes_of("x"));
+  expect_error([&] { quantize_checkpoint(m.in, other, o); }, {"holds no checkpoint", "choose a new directory"});
+  EXPECT_EQ(snapshot(other).size(), 1u);
+}
+
+// A single-file model of hand-picked tensors (values from `value(i)`, stored as `dt`) and a config.
+struct TinyModel {
+  TempDir dir;
+  fs::path in = dir / "in";
+  std::vector<Bytes> store;
+  std::vector<StTensorData> tensors;
+
+  void add(const std::string& name, const Shape& shape, StDType dt, const std::function<double(std::int64_t)>& value) {
+    const std::int64_t n = numel(shape);
+    Bytes b(static_cast<std::size_t>(st_nbytes(dt, shape)));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double v = value(i);
+      auto* p = b.data() + static_cast<std::size_t>(i) * (dt == StDType::f64 ? 8 : dt == StDType::f32 ? 4 : 2);
+      if (dt == StDType::f64) std::memcpy(p, &v, 8);
+      if (dt == StDType::f32) {
+        const auto f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+      }
+      if (dt == StDType::bf16) {
+        const std::uint16_t h = encode_bf16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+      }
+    }
+    store.push_back(std::move(b));
+    tensors.push_back({name, dt, shape, store.back()});
+  }
+  void add(const std::string& name, const Shape& shape, StDType dt = StDType::bf16) {
+    add(name, shape, dt, [](std::int64_t i) { return 0.02 * std::sin(0.37 * static_cast<double>(i)); });
+  }
+  void write(const std::string& config) {
+    fs::create_directories(in);
+    save_safetensors(in / "model.safetensors", tensors, {{"format", "pt"}});
+    write_bytes(in / "config.json", iot::bytes_of(config));
+  }
+};
+
+const TensorReport* find_report(const Report& r, const std::string& name) {
+  for (const TensorReport& t : r.tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+TEST(Convert, EveryUnquantizedWeightIsReportedAndIgnored) {
+  TinyModel m;
+  const std::string p = "model.layers.0.";
+  m.add(p + "mlp.experts.gate_up_proj", {4, 64, 128});  // stacked experts (Llama 4, gpt-oss style)
+  m.add(p + "mlp.experts.down_proj", {4, 64, 64});
+  m.add(p + "self_attn.q_proj.weight", {64, 64}, StDType::f64);
+  m.add(p + "self_attn.k_proj.weight", {64, 64});
+  m.add(p + "self_attn.o_proj.bias", {64});
+  m.write(R"({"model_type": "llama", "torch_dtype": "bfloat16"})");
+  const fs::path out = m.dir / "out";
+  const Report r = quantize_checkpoint(m.in, out, qopt(Mode::nvfp4, Convention::compressed_tensors));
+  for (const char* n : {"mlp.experts.gate_up_proj", "mlp.experts.down_proj", "self_attn.q_proj.weight"}) {
+    const TensorReport* t = find_report(r, p + n);
+    ASSERT_NE(t, nullptr) << n;
+    EXPECT_EQ(t->action, "kept") << n;
+    EXPECT_NE(t->reason.find(std::string(n).find("experts") != std::string::npos ? "3-D stacked experts" : "dtype F64"),
+              std::string::npos) << t->reason;
+  }
+  EXPECT_EQ(find_report(r, p + "self_attn.o_proj.bias")->action, "copied");
+  EXPECT_EQ(find_report(r, p + "self_attn.k_proj")->action, "quantized");
+  Checkpoint c = Checkpoint::open(out);
+  EXPECT_EQ(c.tensor(p + "self_attn.q_proj.weight").dtype, StDType::f64);
+  EXPECT_EQ(c.tensor(p + "mlp.experts.gate_up_proj").shape, (Shape{4, 64, 128}));
+  // The config names exactly what stayed in high precision, so loaders do not expect it quantized.
+  EXPECT_EQ(read_json(out / "config.json")["quantization_config"]["ignore"],
+            Json::array({p + "mlp.experts", p + "self_attn.q_proj"}));
+  // Converting keeps that list: the same tensors stay in high precision.
+  ConvertOptions co;
+  co.to = Convention::modelopt;
+  convert_checkpoint(out, m.dir / "mo", co);
+  EXPECT_EQ(read_json(m.dir / "mo" / "hf_quant_config.json")["quantization"]["exclude_modules"],
+            Json::array({p + "mlp.experts", p + "self_attn.q_proj"}));
+  // Asking for the experts is an error that says why, not a silent no-op.
+  QuantizeOptions o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  o.include = {"*experts*"};
+  expect_error([&] { quantize_checkpoint(m.in, m.dir / "inc", o); },
+               {"--include \"*experts*\"", "nothing that can be quantized", "3-D stacked experts"});
+  EXPECT_FALSE(fs::exists(m.dir / "inc"));
+}
+
+TEST(Convert, SelectionsThatMatchNothingAreErrors) {
+  Model m;
+  auto refused = [&](QuantizeOptions o, std::initializer_list<std::string> parts) {
+    expect_error([&] { quantize_checkpoint(m.in, m.dir / "o", o); }, parts);
+    EXPECT_FALSE(fs::exists(m.dir / "o"));
+  };
+  QuantizeOptions o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  o.exclude = {"down_proj", "down_prj"};
+  refused(o, {"--exclude \"down_prj\"", "matches no module"});
+  o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  o.include = {"lm_haed"};
+  refused(o, {"--include \"lm_haed\"", "matches no weight"});
+  o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  o.activation_amax = {{kQ, 2.0f}, {"model.layers.0.self_attn.q_prj", 2.0f}};
+  refused(o, {"--activation-amax", "q_prj", "no module"});
+  o.activation_amax = {{"lm_head", 2.0f}};
+  refused(o, {"--activation-amax", "lm_head", "not quantized (lm_head)"});
+  // Nothing left to quantize: every weight with its reason.
+  o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  o.exclude = {"*proj"};
+  refused(o, {"no weights to quantize", kDown + ".weight\" (excluded)", "\"lm_head.weight\" (lm_head)",
+              "\"model.embed_tokens.weight\" (embedding)"});
+}
+
+TEST(Convert, NonFiniteWeightsAreReported) {
+  TinyModel m;
+  const std::string p = "model.layers.0.self_attn.";
+  m.add(p + "q_proj.weight", {64, 64}, StDType::bf16, [](std::int64_t i) {
+    return i == 5 || i == 700 || i == 4000 ? NAN : i == 9 ? -INFINITY : 0.01 * static_cast<double>(i % 7);
+  });
+  m.add(p + "k_proj.weight", {64, 64});
+  m.add(p + "v_proj.weight", {64, 64}, StDType::f32, [](std::int64_t) { return NAN; });
+  m.write(R"({"model_type": "llama"})");
+  const Report r = quantize_checkpoint(m.in, m.dir / "out", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  EXPECT_EQ(find_report(r, p + "q_proj")->nonfinite, 4);
+  EXPECT_EQ(find_report(r, p + "k_proj")->nonfinite, 0);
+  EXPECT_EQ(find_report(r, p + "v_proj")->nonfinite, 64 * 64);
+  QuantizeOptions o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  o.spec.nonfinite = NonFinite::error;
+  o.exclude = {"v_proj"};
+  expect_error([&] { quantize_checkpoint(m.in, m.dir / "err", o); },
+               {"\"" + p + "q_proj.weight\"", "4 non-finite values (NaN/Inf) of 4096", "--nonfinite"});
+  EXPECT_FALSE(fs::exists(m.dir / "err"));
+}
+
+TEST(Convert, Gpt2Conv1DWeightsAreRefused) {
+  auto model = [](TinyModel& m, const char* config) {
+    m.add("transformer.wte.weight", {96, 64});
+    m.add("transformer.h.0.attn.c_attn.weight", {64, 192});
+    m.add("transformer.h.0.attn.c_proj.weight", {64, 64});
+    m.add("transformer.h.0.mlp.c_fc.weight", {64, 256});
+    m.add("transformer.h.0.mlp.c_proj.weight", {256, 64});
+    m.write(config);
+  };
+  TinyModel gpt2;
+  model(gpt2, R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})");
+  expect_error([&] { quantize_checkpoint(gpt2.in, gpt2.dir / "o", qopt(Mode::nvfp4, Convention::compressed_tensors)); },
+               {"Conv1D", "[in, out]", "\"transformer.h.0.attn.c_attn.weight\"", "\"transformer.h.0.mlp.c_fc.weight\"",
+                "--exclude c_attn"});
+  EXPECT_FALSE(fs::exists(gpt2.dir / "o"));
+  // GPT-BigCode uses the same names for Linear layers ([out, in]): quantized.
+  TinyModel bigcode;
+  model(bigcode, R"({"model_type": "gpt_bigcode"})");
+  const Report r = quantize_checkpoint(bigcode.in, bigcode.dir / "o", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  EXPECT_EQ(find_report(r, "transformer.h.0.attn.c_attn")->action, "quantized");
+}
+
+TEST(Convert, DequantizeDefaultsToTheSourceDtype) {
+  TinyModel m;
+  m.add("model.layers.0.mlp.up_proj.weight", {64, 64});
+  m.add("model.layers.0.mlp.down_proj.weight", {64, 64});
+  m.write(R"({"model_type": "llama", "torch_dtype": "float16"})");
+  quantize_checkpoint(m.in, m.dir / "q", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  dequantize_checkpoint(m.dir / "q", m.dir / "dq", {});
+  EXPECT_EQ(Checkpoint::open(m.dir / "dq").tensor("model.layers.0.mlp.up_proj.weight").dtype, StDType::f16);
+  EXPECT_EQ(read_json(m.dir / "dq" / "config.json")["torch_dtype"], "float16");
+  DequantizeOptions f32;
+  f32.dtype = DType::float32;
+  dequantize_checkpoint(m.dir / "q", m.dir / "dq32", f32);
+  EXPECT_EQ(Checkpoint::open(m.dir / "dq32").tensor("model.layers.0.mlp.up_proj.weight").dtype, StDType::f32);
+  EXPECT_EQ(read_json(m.dir / "dq32" / "config.json")["torch_dtype"], "float32");
+  // Not recorded: bfloat16, said in a note.
+  Json cfg = read_json(m.dir / "q" / "config.json");
+  cfg.erase("torch_dtype");
+  write_bytes(m.dir / "q" / "config.json", iot::bytes_of(cfg.dump()));
+  const Report r = dequantize_checkpoint(m.dir / "q", m.dir / "dqb", {});
+  EXPECT_EQ(Checkpoint::open(m.dir / "dqb").tensor("model.layers.0.mlp.up_proj.weight").dtype, StDType::bf16);
+  EXPECT_EQ(read_json(m.dir / "dqb" / "config.json")["torch_dtype"], "bfloat16");
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("not recorded"), std::string::npos);
+}
+
 TEST(Convert, DamagedInputsGiveClearErrors) {
   Model m;
   const fs::path shard = m.in / shard_file_name(1, 2);

@@ -7,12 +7,16 @@ build/ (scripts/test.sh builds it first) or the one $MICROSCALE_CLI names; skipp
 """
 
 import csv
+import hashlib
 import importlib.util
 import json
 import os
+import resource
 import shutil
+import signal
 import struct
 import subprocess
+import time
 import zlib
 
 import numpy as np
@@ -226,6 +230,127 @@ def test_damaged_input_is_a_clear_error(model, tmp_path, damage):
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.safetensors"))
 
 
+def test_quantize_reports_what_it_left_and_refuses_typos(tmp_path):
+    t = make_tensors(layers=1)
+    t["model.layers.0.mlp.experts.gate_up_proj"] = np.zeros((4, 128, 256), t["model.norm.weight"].dtype)
+    t["model.layers.0.self_attn.q_proj.weight"] = t["model.layers.0.self_attn.q_proj.weight"].astype(np.float64)
+    k = t["model.layers.0.self_attn.k_proj.weight"].copy()
+    k.reshape(-1)[[3, 70, 99]] = [np.nan, np.inf, np.nan]
+    t["model.layers.0.self_attn.k_proj.weight"] = k
+    src = tmp_path / "src"
+    write_model(str(src), t, shards=1, config_extra={"torch_dtype": "float16"})
+    out = tmp_path / "q"
+    r = run("quantize", src, "-o", out, "--format", "nvfp4")
+    assert "kept 1 weight (3-D stacked experts: the exported layouts quantize 2-D Linear weights only): " \
+           "model.layers.0.mlp.experts.gate_up_proj" in r.stdout
+    assert "kept 1 weight (dtype F64: only float32, float16 and bfloat16 weights are quantized): " \
+           "model.layers.0.self_attn.q_proj.weight" in r.stdout
+    assert "warning: model.layers.0.self_attn.k_proj has 3 non-finite values (NaN/Inf) of 8192" in r.stderr
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert sorted(ignore) == ["lm_head", "model.layers.0.mlp.experts", "model.layers.0.self_attn.q_proj"]
+    r = run("quantize", src, "-o", tmp_path / "e", "--format", "nvfp4", "--nonfinite", "error", ok=False)
+    assert r.returncode == 1 and '"model.layers.0.self_attn.k_proj.weight" has 3 non-finite' in r.stderr
+    r = run("quantize", src, "-o", tmp_path / "e", "--format", "nvfp4", "--exclude", "down_prj", ok=False)
+    assert r.returncode == 1 and '--exclude "down_prj" matches no module' in r.stderr
+    r = run("quantize", src, "-o", tmp_path / "e", "--format", "nvfp4", "--include", "*experts*", ok=False)
+    assert r.returncode == 1 and "selects nothing that can be quantized" in r.stderr
+    assert not (tmp_path / "e").exists()
+    # dequantize writes the dtype the model was quantized from, and says so in config.json.
+    run("dequantize", out, "-o", tmp_path / "dq")
+    assert header(tmp_path / "dq" / "model.safetensors")["model.layers.0.mlp.up_proj.weight"]["dtype"] == "F16"
+    assert json.loads((tmp_path / "dq" / "config.json").read_text())["torch_dtype"] == "float16"
+
+
+def snapshot(d):
+    """{relative path: sha256} of every file under `d` (None when `d` does not exist)."""
+    if not d.exists():
+        return None
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def leftovers(out):
+    return sorted(out.parent.glob(f".{out.name}.tmp.*"))
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory):
+    """A checkpoint that takes a moment to quantize, with an old (nvfp4) and a new (mxfp4) result."""
+    d = tmp_path_factory.mktemp("big")
+    src, old, new = d / "src", d / "old", d / "new"
+    write_model(str(src), make_tensors(layers=4, hidden=768, inter=1536, kv=384, vocab=256), shards=3)
+    run("quantize", src, "-o", old, "--format", "nvfp4")
+    t0 = time.monotonic()
+    run("quantize", src, "-o", new, "--format", "mxfp4", "--errors")
+    return src, old, new, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["KILL", "TERM", "INT"])
+def test_killed_overwrite_leaves_old_or_new(big_model, tmp_path, sig):
+    """`quantize --force` over an old result, stopped at several points of the run: the output is
+    the complete old result or the complete new one, never a mix; a staging directory a SIGKILL
+    leaves is refused by inspect and removed by the next run."""
+    src, old, new, secs = big_model
+    want_old, want_new = snapshot(old), snapshot(new)
+    assert want_old != want_new
+    seen = set()
+    for frac in (0.0, 0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.5):
+        out = tmp_path / f"out{frac}"
+        shutil.copytree(old, out)
+        p = subprocess.Popen([CLI, "quantize", src, "-o", out, "--format", "mxfp4", "--errors", "--force"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(frac * secs)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=300)
+        assert p.returncode in (0, -sig), err
+        got = snapshot(out)
+        assert got in (want_old, want_new), f"killed at {frac}: a mix of old and new files"
+        seen.add("new" if got == want_new else "old")
+        assert "layout compressed-tensors" in run("inspect", out, "--no-stats").stdout
+        if sig != signal.SIGKILL:
+            assert leftovers(out) == [], "SIGINT/SIGTERM must remove the staging directory"
+        for left in leftovers(out):
+            r = run("inspect", left, ok=False)
+            assert r.returncode == 1 and "unfinished" in r.stderr, r.stdout
+            # What the loaders need comes last: without it the leftover is unloadable, with it complete.
+            rest = {k: v for k, v in snapshot(left).items() if k != ".microscale-incomplete"}
+            assert not (left / "config.json").exists() or rest == want_new
+        run("quantize", src, "-o", out, "--format", "mxfp4", "--errors", "--force")
+        assert snapshot(out) == want_new and leftovers(out) == []
+    assert "old" in seen  # stopped early enough at least once (the first kill comes at once)
+
+
+def limit_file_size(nbytes):
+    """A preexec_fn that makes writes past `nbytes` fail with EFBIG, like a full disk."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return apply
+
+
+@pytest.mark.parametrize("where", ["shards", "side_files"])
+def test_full_disk_leaves_old_result(model, tmp_path, where):
+    """A write that fails (here: past a file-size limit) while writing the shards or while copying
+    the tokenizer: the old result stays as it was and nothing is left beside it."""
+    src = tmp_path / "src"
+    shutil.copytree(model[0], src)
+    big_side = 4 << 20
+    (src / "tokenizer.model").write_bytes(os.urandom(big_side))
+    out = tmp_path / "out"
+    run("quantize", src, "-o", out, "--format", "nvfp4")
+    before = snapshot(out)
+    largest_shard = max(p.stat().st_size for p in out.glob("*.safetensors"))
+    limit = 4096 if where == "shards" else max(largest_shard, 1 << 20) * 2
+    assert limit < big_side
+    r = subprocess.run([CLI, "quantize", src, "-o", out, "--format", "mxfp4", "--force"], capture_output=True,
+                       text=True, preexec_fn=limit_file_size(limit), timeout=300)
+    assert r.returncode == 1 and r.stderr.startswith("microscale: error:"), r.stderr
+    assert snapshot(out) == before and leftovers(out) == []
+    fresh = tmp_path / "fresh"
+    r = subprocess.run([CLI, "quantize", src, "-o", fresh, "--format", "mxfp4"], capture_output=True, text=True,
+                       preexec_fn=limit_file_size(limit), timeout=300)
+    assert r.returncode == 1 and not fresh.exists() and leftovers(fresh) == []
+
+
 def check_png(path, width=900, height=600):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -272,13 +397,17 @@ def test_real_model_minilm(tmp_path):
     src = minilm_dir()
     errs = tmp_path / "errors.csv"
     run("quantize", src, "-o", tmp_path / "q", "--format", "nvfp4", "--errors-csv", errs)
-    rows = list(csv.DictReader(errs.open()))
+    table = list(csv.DictReader(errs.open()))
+    rows = [x for x in table if not x["kept"]]
     # 6 layers x (query, key, value, attention output, intermediate, output) + pooler
     assert len(rows) == 37
+    # Every weight left in high precision is listed with its reason: the three embedding tables.
+    assert {x["layer"]: x["kept"] for x in table if x["kept"]} == {
+        f"embeddings.{e}_embeddings.weight": "embedding" for e in ("word", "position", "token_type")}
     print("\nMiniLM-L6 nvfp4 (compressed-tensors) per-layer relative error:")
     for x in rows:
-        print(f"  {x['layer']:<48} {x['rows']:>5}x{x['cols']:<5} {float(x['rel_error']):.4f}  "
-              f"{float(x['sqnr_db']):.2f} dB")
+        print(f"  {x['layer']:<48} {x['shape']:>11} {float(x['rel_error']):.4f}  {float(x['sqnr_db']):.2f} dB")
+        assert x["nonfinite"] == "0"
         assert 0.05 < float(x["rel_error"]) < 0.15
     got = load_all(str(tmp_path / "q"))
     assert got["embeddings.word_embeddings.weight"].dtype == np.float32  # kept
