@@ -12,8 +12,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 
 #include "microscale/checkpoint.hpp"
+#include "output_files.hpp"
 #include "progress.hpp"
 
 namespace microscale::cli {
@@ -177,6 +179,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       ProgressBar bar("quantize");
       opt.progress = interruptible(bar.callback());
       const auto t0 = std::chrono::steady_clock::now();
+      if (!o->errors_csv.empty()) check_output_path("--errors-csv", o->errors_csv);  // before the work
       const io::Report r = io::quantize_checkpoint(o->in, o->out, opt);
       bar.finish();
       std::printf("%s %s -> %s (%s)\n", o->format.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));
@@ -208,7 +211,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                       t.reason.c_str());
       if (!o->errors_csv.empty()) {
         // Kept weights have empty errors and their reason; quoted, as reasons hold commas.
-        std::ofstream f(o->errors_csv);
+        std::ostringstream f;
         f << "layer,shape,format,rel_error,sqnr_db,nonfinite,kept\n";
         for (const io::TensorReport& t : r.tensors)
           if (t.action == "quantized")
@@ -216,7 +219,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
               << ',' << t.nonfinite << ",\n";
           else if (t.action == "kept")
             f << t.name << ',' << shape_text(t.shape) << ',' << t.format << ",,,,\"" << t.reason << "\"\n";
-        if (!f) throw Error("cannot write --errors-csv file '" + o->errors_csv + "'");
+        write_outputs({{"--errors-csv", o->errors_csv, f.str()}});
       }
     }); }});
   }

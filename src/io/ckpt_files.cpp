@@ -69,19 +69,6 @@ Input open_input(const fs::path& path) {
   return in;
 }
 
-void prepare_output(const fs::path& in_dir, const fs::path& out, bool force) {
-  std::error_code ec;
-  if (fs::exists(out, ec)) {
-    if (!fs::is_directory(out, ec)) throw Error("output " + out.string() + " exists and is not a directory");
-    if (!in_dir.empty() && fs::equivalent(in_dir, out, ec))
-      throw Error("output directory " + out.string() + " is the input directory; choose another");
-    if (!fs::is_empty(out, ec) && !force)
-      throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
-  }
-  fs::create_directories(out, ec);
-  if (ec) throw Error("cannot create output directory " + out.string() + ": " + ec.message());
-}
-
 void write_text_atomic(const fs::path& path, const std::string& text) {
   detail::AtomicFile f(path);
   f.write(text);
@@ -127,15 +114,6 @@ std::vector<std::string> copy_other_files(const fs::path& in_dir, const fs::path
     notes.push_back("not copied (other weight formats, which would be stale): " + list);
   }
   return notes;
-}
-
-void remove_stale(const fs::path& out, const std::set<fs::path>& written) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(out, ec)) {
-    const fs::path rel = e.path().filename();
-    if (e.is_regular_file() && is_checkpoint_file(rel) && rel != "config.json" && !written.count(e.path()))
-      fs::remove(e.path(), ec);
-  }
 }
 
 void release(std::span<const std::byte> bytes) {

@@ -209,6 +209,24 @@ def test_progress_bar_only_on_a_terminal(model, tmp_path):
     assert piped.stderr == ""
 
 
+@pytest.mark.parametrize("where", ["missing/errs.csv", "."])
+def test_bad_errors_csv_fails_before_the_work(model, tmp_path, where):
+    src, _ = model
+    out = tmp_path / "q"
+    r = run("quantize", src, "-o", out, "--format", "nvfp4", "--errors-csv", tmp_path / where, ok=False)
+    assert r.returncode == 1 and "--errors-csv" in r.stderr, r.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # no output, no staging leftovers
+
+
+def test_errors_csv_written(model, tmp_path):
+    src, _ = model
+    errs = tmp_path / "errs.csv"
+    run("quantize", src, "-o", tmp_path / "q", "--format", "nvfp4", "--errors-csv", errs)
+    rows = errs.read_text().splitlines()
+    assert rows[0] == "layer,shape,format,rel_error,sqnr_db,nonfinite,kept" and len(rows) > 1
+    assert [p.name for p in tmp_path.iterdir() if ".tmp." in p.name] == []
+
+
 @pytest.mark.parametrize("damage", ["truncated", "oversized", "corrupted"])
 def test_damaged_input_is_a_clear_error(model, tmp_path, damage):
     src, _ = model
