@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "io/ckpt_detail.hpp"
@@ -1063,6 +1064,9 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
     const QuantSpec s = resolve(q.spec);
     if (q.shape.size() != 2) throw Error("layer " + detail::quote(m) + ": only 2-D weights, got " + fmt_shape(q.shape));
     const std::int64_t n = q.shape[0], k = q.shape[1];
+    // Bounds before any shape arithmetic: k * bits must not wrap.
+    if (n < 0 || k < 0 || k > std::numeric_limits<std::int64_t>::max() / 64)
+      throw Error("layer " + detail::quote(m) + ": shape " + fmt_shape(q.shape) + " is out of range");
     if (k % s.group_size != 0) throw Error("layer " + detail::quote(m) + ": K is not a multiple of the group size");
     const Shape ps = {n, k * s.bits / 8}, ss = {n, k / s.group_size};
     const DType sd = s.mode == Mode::affine ? q.scales.dtype() : DType::uint8;
@@ -1090,7 +1094,15 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
     layers.push_back(std::move(l));
   }
   if (layers.empty()) throw Error("save_checkpoint: no quantized layers given");
-  const bool w4a4 = to != Convention::mlx && std::all_of(layers.begin(), layers.end(), [](const Layer& l) { return l.act.has_value(); });
+  // Activation scales are written for every layer or refused; never dropped.
+  const auto with_act = static_cast<std::size_t>(
+      std::count_if(layers.begin(), layers.end(), [](const Layer& l) { return l.act.has_value(); }));
+  if (with_act != 0 && (to == Convention::mlx || with_act != layers.size() ||
+                        std::any_of(layers.begin(), layers.end(), [](const Layer& l) { return l.mode != Mode::nvfp4; })))
+    throw Error("save_checkpoint: " + std::to_string(with_act) + " of " + std::to_string(layers.size()) +
+                " layers have an input_amax; static activation scales (W4A4) are written only for nvfp4 layers in "
+                "the compressed-tensors or ModelOpt layout, with one on every layer");
+  const bool w4a4 = with_act != 0;
   std::vector<StTensorData> all;
   std::vector<std::vector<Out>> keep;
   QuantMeta meta;

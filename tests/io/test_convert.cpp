@@ -579,6 +579,32 @@ TEST(Convert, DamagedInputsGiveClearErrors) {
   expect_error([&] { dequantize_checkpoint(m.in, m.dir.path() / "none", DequantizeOptions()); }, {"no quantized layers"});
 }
 
+// save_checkpoint takes layers built by the caller: shapes are bounded before any arithmetic, and
+// activation scales are written for every layer or refused, never dropped.
+TEST(Convert, SaveCheckpointRefusesWhatItCannotWrite) {
+  Model m;
+  quantize_checkpoint(m.in, m.dir.path() / "ct", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  const CheckpointData good = load_checkpoint(m.dir.path() / "ct");
+  ASSERT_GE(good.layers.size(), 2u);
+  CheckpointData d = good;
+  d.layers[0].weight.shape = {0, std::int64_t{1} << 62};  // k * bits would wrap int64
+  expect_error([&] { save_checkpoint(m.dir.path() / "huge", d, Convention::modelopt); },
+               {d.layers[0].module, "out of range"});
+  d = good;
+  d.layers[0].input_amax = 3.0f;  // one layer of many
+  expect_error([&] { save_checkpoint(m.dir.path() / "partial", d, Convention::compressed_tensors); },
+               {"1 of", "input_amax", "every layer"});
+  for (QuantizedLayer& l : d.layers) l.input_amax = 3.0f;
+  expect_error([&] { save_checkpoint(m.dir.path() / "mlx", d, Convention::mlx); }, {"input_amax", "ModelOpt"});
+  EXPECT_FALSE(fs::exists(m.dir.path() / "huge") || fs::exists(m.dir.path() / "partial") ||
+               fs::exists(m.dir.path() / "mlx"));
+  save_checkpoint(m.dir.path() / "w4a4", d, Convention::modelopt);
+  for (const QuantizedLayer& l : load_checkpoint(m.dir.path() / "w4a4").layers) {
+    ASSERT_TRUE(l.input_amax.has_value()) << l.module;
+    EXPECT_NEAR(*l.input_amax, 3.0f, 3e-6f) << l.module;
+  }
+}
+
 TEST(Convert, InspectAndInMemoryRoundTrip) {
   Model m;
   quantize_checkpoint(m.in, m.dir.path() / "ct", qopt(Mode::nvfp4, Convention::compressed_tensors));
