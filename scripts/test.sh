@@ -87,7 +87,7 @@ for target in $("$PYTHON" -c "import microscale; print(' '.join(microscale.avail
     --gtest_filter='QuantizedMatmul.*:Qqmm.*:GatherQmm.*:Layers.*:Threads.*'
 done
 
-step "fuzz the safetensors parser (libFuzzer, 30 s over the seed corpus)"
+step "fuzz the safetensors parser and the checkpoint layer (libFuzzer, 30 s each over the seed corpora)"
 bash tests/fuzz/run.sh 30
 
 # Last, being the slowest: the kernels on every Arm target, emulated (its own steps follow).

@@ -28,12 +28,21 @@ std::string shape_str(const Shape& shape) {
   return s + ")";
 }
 
+namespace {
+// Products of dims that may exceed int64 only for empty tensors (numel() refuses the others),
+// whose strides address nothing: saturating keeps them defined.
+std::int64_t saturating_mul(std::int64_t a, std::int64_t b) {
+  std::int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<std::int64_t>::max() : r;
+}
+}  // namespace
+
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
   std::int64_t s = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i];
+    s = saturating_mul(s, shape[i]);
   }
   return strides;
 }
@@ -53,7 +62,7 @@ bool TensorView::is_contiguous() const {
   std::int64_t expect = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     if (shape[i] != 1 && strides[i] != expect) return false;
-    expect *= shape[i];
+    expect = saturating_mul(expect, shape[i]);
   }
   return true;
 }

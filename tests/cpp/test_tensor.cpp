@@ -218,6 +218,19 @@ TEST(Tensor, EmptyTensors) {
   });
 }
 
+// An empty tensor may have dims whose product exceeds int64 (the zero makes numel 0): its view
+// and its strides stay defined (UBSan checks the arithmetic), and ops see no elements.
+TEST(Tensor, EmptyTensorWithHugeDims) {
+  std::vector<float> none;
+  const std::int64_t big = std::int64_t{1} << 40;
+  const TensorView v(none.data(), DType::float32, {0, big, big});
+  EXPECT_EQ(v.numel(), 0);
+  EXPECT_EQ(v.strides[2], 1);
+  EXPECT_EQ(v.strides[1], big);
+  EXPECT_TRUE(v.is_contiguous());
+  EXPECT_EQ(ms::global_scale(v), 0.0f);
+}
+
 TEST(Tensor, TensorBasics) {
   for_each_backend([&] {
     Tensor t(DType::bfloat16, {3, 4});
