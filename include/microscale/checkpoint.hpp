@@ -2,7 +2,7 @@
 // weights into one ecosystem's layout, dequantize back to floats, convert between layouts without
 // re-quantizing, inspect, and load/save quantized layers in memory.
 //
-// Layouts (FORMATS.md section 7), per quantized Linear `<m>` with logical weight [N, K]:
+// Layouts (docs/checkpoints.md), per quantized Linear `<m>` with logical weight [N, K]:
 //   compressed-tensors  <m>.weight_packed U8 [N, K/2], <m>.weight_scale F8_E4M3 [N, K/16] (nvfp4) or
 //                       U8 E8M0 [N, K/32] (mxfp4), <m>.weight_global_scale F32 [1] = 2688/amax
 //                       (nvfp4; the encode factor), <m>.input_global_scale F32 [1] (W4A4 only);

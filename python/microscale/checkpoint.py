@@ -10,7 +10,7 @@ ecosystems into quantized layers, and save quantized layers in one of their layo
 >>> ck.format, sorted(ck.layers)
 ('compressed-tensors', ['model.layers.0.mlp.up_proj'])
 
-Layouts (FORMATS.md section 7): ``compressed-tensors`` (nvfp4, mxfp4), ``modelopt`` (nvfp4) and
+Layouts (docs/checkpoints.md): ``compressed-tensors`` (nvfp4, mxfp4), ``modelopt`` (nvfp4) and
 ``mlx`` (every mode; nvfp4 there is two-level). Global scales are held as the tensor amax, as
 ``microscale.quantize`` takes them; the layout's own convention (2688/amax for
 compressed-tensors, amax/2688 for ModelOpt) is applied when reading and writing.

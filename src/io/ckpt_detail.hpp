@@ -18,7 +18,7 @@ namespace microscale::io::ck {
 namespace fs = std::filesystem;
 using detail::Json;
 
-// A global scale as one convention stores it (FORMATS.md 7, "Global-scale conventions").
+// A global scale as one convention stores it (docs/checkpoints.md, "Global-scale conventions").
 struct Global {
   enum Kind { none, amax, ct_encode, modelopt_decode };
   Kind kind = none;  // none: two-level nvfp4, equivalent to amax 2688 (decode factor 1)

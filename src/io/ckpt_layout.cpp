@@ -1,5 +1,5 @@
 // How compressed-tensors, ModelOpt and MLX name, type and shape the tensors of a quantized layer,
-// how their global scales relate (FORMATS.md 7), and the config blocks that announce them.
+// how their global scales relate (docs/checkpoints.md), and the config blocks that announce them.
 #include <cfloat>
 #include <cmath>
 #include <cstring>
