@@ -520,9 +520,19 @@ double rel_error(const TensorView& w, const Tensor& y, double* sqnr) {
 Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
   const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
-  if (!det.layers.empty() || !det.unsupported.empty())
+  if (!det.layers.empty())
     throw Error(in_path.string() + " is already quantized (" + det.convention +
                 "); use microscale convert or microscale dequantize");
+  if (!det.unsupported.empty()) {  // e.g. an FP8 release: convert and dequantize cannot read it either
+    std::string list;
+    for (std::size_t i = 0; i < det.unsupported.size() && i < 3; ++i) {
+      const std::string& n = det.unsupported[i];
+      list += (i ? ", " : "") + detail::quote(n) + " " + st_dtype_name(in.ck.tensor(n).dtype);
+    }
+    throw Error(in_path.string() + " holds weights already quantized in a format microscale does not read (" + list +
+                "; FP8 and other quantized sources are not supported yet). Start from the model's float "
+                "(bfloat16/float16/float32) release, or dequantize this one to float with its own tools first");
+  }
 
   QuantSpec base = opt.spec;
   base.global_scale.reset();

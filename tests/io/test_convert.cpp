@@ -410,6 +410,26 @@ const TensorReport* find_report(const Report& r, const std::string& name) {
   return nullptr;
 }
 
+// An FP8 release (DeepSeek-style block scales) is no float model to quantize and no layout
+// convert or dequantize reads: each says so instead of sending the user to the other.
+TEST(Convert, Fp8SourceIsNamedNotCalledAlreadyQuantized) {
+  TinyModel m;
+  m.add("model.layers.0.mlp.down_proj.weight_scale_inv", {1, 1}, StDType::f32);
+  m.add("model.norm.weight", {64});
+  m.store.emplace_back(64 * 128, std::byte{0x38});
+  m.tensors.push_back({"model.layers.0.mlp.down_proj.weight", StDType::f8_e4m3, {64, 128}, m.store.back()});
+  m.write(R"({"model_type": "llama", "quantization_config": {"quant_method": "fp8"}})");
+  expect_error([&] { quantize_checkpoint(m.in, m.dir / "q", qopt(Mode::nvfp4, Convention::compressed_tensors)); },
+               {"down_proj.weight\" F8_E4M3", "not supported", "float"});
+  try {
+    quantize_checkpoint(m.in, m.dir / "q", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("use microscale convert"), std::string::npos) << e.what();
+  }
+  expect_error([&] { dequantize_checkpoint(m.in, m.dir / "d", DequantizeOptions()); }, {"cannot read", "down_proj"});
+  EXPECT_FALSE(fs::exists(m.dir / "q") || fs::exists(m.dir / "d"));
+}
+
 TEST(Convert, EveryUnquantizedWeightIsReportedAndIgnored) {
   TinyModel m;
   const std::string p = "model.layers.0.";
