@@ -241,12 +241,19 @@ HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::in
     VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
     for (std::size_t j = q * kVecsPerGroup; j < (q + 1) * kVecsPerGroup; ++j) {
       const VF even = spread(low, j), odd = spread(high, j);
-      Rows<kM>([&](auto m) HWY_ATTR {
-        VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
-        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
-        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
-      });
+      if constexpr (kM == 1 && kVecsPerGroup > 1) {
+        // One row: the odd products go to a second chain (t1), halving the group's latency.
+        t0 = hn::MulAdd(hn::Load(df, x + kN * j), even, t0);
+        t1 = hn::MulAdd(hn::Load(df, x + kN * (4 + j)), odd, t1);
+      } else {
+        Rows<kM>([&](auto m) HWY_ATTR {
+          VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
+          t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
+          t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
+        });
+      }
     }
+    if constexpr (kM == 1 && kVecsPerGroup > 1) t0 = hn::Add(t0, t1);
     const VF f = factor(q);
     Rows<kM>([&](auto m) HWY_ATTR {
       constexpr int kI = decltype(m)::value;
