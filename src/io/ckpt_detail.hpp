@@ -67,6 +67,7 @@ struct Detected {
   std::vector<Layer> layers;
   std::set<std::string> consumed;            // tensor names that belong to a layer
   std::vector<std::string> unsupported;      // quantized tensors of layouts we cannot read
+  std::vector<std::string> strays;           // named like a part of a quantized layer its layout does not read
   std::vector<std::string> notes;
 };
 Detected detect(const Checkpoint& ck, const Json& config);

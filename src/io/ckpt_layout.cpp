@@ -453,9 +453,18 @@ Detected detect(const Checkpoint& ck, const Json& config) {
     for (const std::string& s : l->sources) d.consumed.insert(s);
     d.layers.push_back(std::move(*l));
   }
+  // A tensor named like a part of a quantized layer that the layer's layout does not read (a
+  // ModelOpt layer beside "m.input_global_scale", say) is a mix of layouts: another layout would
+  // read it as part of the layer, so it can neither be dropped nor copied through.
+  std::set<std::string> modules;
+  for (const Layer& l : d.layers) modules.insert(l.module);
   // Quantized data we cannot interpret: 8-bit float weights (FP8 checkpoints), leftover scales.
   for (const std::string& n : ck.names()) {
     if (d.consumed.count(n)) continue;
+    if (const std::string m = module_of(n); m != n && modules.count(m)) {
+      d.strays.push_back(n);
+      continue;
+    }
     const StTensor& t = ck.tensor(n);
     const bool fp8 = t.dtype == StDType::f8_e4m3 || t.dtype == StDType::f8_e5m2 || t.dtype == StDType::f4 ||
                      t.dtype == StDType::f8_e8m0;

@@ -491,6 +491,13 @@ std::string list_reasons(const std::vector<std::pair<std::string, std::string>>&
 }
 
 void check_unsupported(const Detected& d) {
+  if (!d.strays.empty()) {
+    const std::string& n = d.strays[0];
+    throw Error("tensor " + detail::quote(n) + " is named like a part of quantized layer " +
+                detail::quote(module_of(n)) + ", but the " + d.convention +
+                " layout does not use it (a mix of layouts?); remove or rename it" +
+                (d.strays.size() > 1 ? " (and " + std::to_string(d.strays.size() - 1) + " more like it)" : ""));
+  }
   if (d.unsupported.empty()) return;
   std::string list;
   for (std::size_t i = 0; i < d.unsupported.size() && i < 3; ++i) list += (i ? ", " : "") + detail::quote(d.unsupported[i]);
@@ -995,6 +1002,9 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
       }
     } else if (unsupported.count(n)) {
       row.format = "unsupported quantized";
+    } else if (std::find(det.strays.begin(), det.strays.end(), n) != det.strays.end()) {
+      row.format = "stray";
+      row.detail = "named like a part of layer " + detail::quote(module_of(n)) + ", unused by " + det.convention;
     } else {
       row.format = "plain";
       const std::string why = why_kept(n, t.shape, t.dtype);

@@ -82,6 +82,13 @@ def main():
                                      ("model.layers.0.self_attn.k_proj", ".weight", "BF16", [4, 64]),
                                      ("model.norm", ".weight", "F32", [64])],
                             data=bytes((i * 13 + 5) & 0x3F for i in range(256))),
+        # A ModelOpt layer beside a compressed-tensors activation scale: convert to compressed-tensors
+        # used to copy it through, where it became the layer's (malformed) activation scale.
+        "modelopt_stray_ct_scale": seed("modelopt", tensors=[("m", ".weight", "U8", [4, 8]),
+                                                             ("m", ".weight_scale", "F8_E4M3", [4, 1]),
+                                                             ("m", ".weight_scale_2", "F32", []),
+                                                             ("m", ".input_global_scale", "F32", [0, 0, 0])],
+                                        data=packed + b"\x38" * 4 + one),
         # A shard tensor that the index leaves out, and one the index names but no shard holds.
         "sharded_unlisted": seed("empty", sharded=True, damage=1,
                                  tensors=[("m", ".weight", "F32", [4, 8], 0), ("x", ".weight", "F32", [4, 8], 1)]),

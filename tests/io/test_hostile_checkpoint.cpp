@@ -154,6 +154,51 @@ TEST(HostileCheckpoint, GlobalScalesWhoseAmaxIsNotFinite) {
                     {"layer \"m\"", "invalid activation scale"});
 }
 
+TEST(HostileCheckpoint, TensorsNamedLikeAnotherLayoutsPartOfALayerAreRefused) {
+  // A ModelOpt layer beside "m.input_global_scale" (found by the checkpoint fuzzer): converted to
+  // compressed-tensors the stray used to be copied through and then read as the layer's
+  // activation scale. Same for parts of other layouts beside an MLX or compressed-tensors layer.
+  TempDir dir;
+  Bytes d = pattern(32 + 4);
+  for (std::size_t i = 32; i < 36; ++i) d[i] = std::byte{0x38};
+  const Bytes one = f32(1.0f);
+  d.insert(d.end(), one.begin(), one.end());
+  const std::string modelopt = entry("m.weight", "U8", "[4,8]", 0, 32) + "," +
+                               entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) + "," +
+                               entry("m.weight_scale_2", "F32", "[]", 36, 40) + ",";
+  const std::string ct = entry("m.weight_packed", "U8", "[4,8]", 0, 32) + "," +
+                         entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) + "," +
+                         entry("m.weight_global_scale", "F32", "[1]", 36, 40) + ",";
+  const std::pair<std::string, std::string> cases[] = {
+      {modelopt + entry("m.input_global_scale", "F32", "[1]", 40, 44), "m.input_global_scale"},
+      {modelopt + entry("m.input_global_scale", "F32", "[0,0,0]", 40, 40), "m.input_global_scale"},
+      {modelopt + entry("m.weight_global_scale", "F32", "[1]", 40, 44), "m.weight_global_scale"},
+      {ct + entry("m.input_scale", "F32", "[]", 40, 44), "m.input_scale"},
+      {ct + entry("m.biases", "F32", "[1]", 40, 44), "m.biases"},
+  };
+  for (const auto& [entries, stray] : cases) {
+    SCOPED_TRACE(stray);
+    Bytes data = d;  // every stray but the empty one holds a 4-byte value
+    if (entries.find("[0,0,0]") == std::string::npos) data.insert(data.end(), one.begin(), one.end());
+    const fs::path m = write_model(dir, "{}", entries, data);
+    const std::string part = "tensor \"" + stray + "\" is named like a part of quantized layer \"m\"";
+    expect_error([&] { (void)load_checkpoint(m); }, {part, "remove or rename it"});
+    expect_error([&] { dequantize_checkpoint(m, dir / "dq", DequantizeOptions()); }, {part});
+    for (Convention to : {Convention::compressed_tensors, Convention::modelopt, Convention::mlx}) {
+      ConvertOptions o;
+      o.to = to;
+      o.force = true;
+      expect_error([&] { convert_checkpoint(m, dir / "cv", o); }, {part});
+    }
+    for (const char* out : {"dq", "cv"}) EXPECT_FALSE(fs::exists(dir / out / "model.safetensors")) << out;
+    // inspect shows it rather than refusing the whole checkpoint
+    bool shown = false;
+    for (const InspectRow& r : inspect_checkpoint(m, false).rows)
+      if (r.name == stray) shown = r.format == "stray" && r.detail.find("layer \"m\"") != std::string::npos;
+    EXPECT_TRUE(shown);
+  }
+}
+
 TEST(HostileCheckpoint, HugeEmptyLayersStillWork) {
   // Wide but empty layers within range are not errors: zero rows hold no data.
   TempDir dir;
