@@ -88,7 +88,9 @@ for target in $("$PYTHON" -c "import microscale; print(' '.join(microscale.avail
 done
 
 step "fuzz the safetensors parser and the checkpoint layer (libFuzzer, 30 s each over the seed corpora)"
-bash tests/fuzz/run.sh 30
+# A fixed seed makes this a repeatable smoke run (the same mutations in the same order on every
+# machine, so a finding reproduces); open-ended fuzzing with random seeds is run.sh without it.
+bash tests/fuzz/run.sh 30 -seed=1
 
 # Last, being the slowest: the kernels on every Arm target, emulated (its own steps follow).
 step "aarch64 tests under QEMU (scripts/test-arm.sh)"
