@@ -218,6 +218,10 @@ struct BlockScale {
 
 // -- nvfp4 (2.1, TransformerEngine's operation order) --
 
+// The largest block scale times the largest element, 448 * 6: a tensor with amax A has the encode
+// factor 2688 / A, and checkpoints store that factor or A / 2688.
+constexpr float kNvfp4Range = E4M3::MAX * E2M1::MAX;
+
 // The tensor-level factors: S_enc = 2688 / amax (1 when amax is 0 or the quotient underflows),
 // S_dec = 1 / S_enc; both 1 for two-level.
 struct Nvfp4Tensor {
@@ -226,7 +230,7 @@ struct Nvfp4Tensor {
 };
 MS_HD Nvfp4Tensor nvfp4_tensor(bool three_level, float amax) {
   if (!three_level) return {false, 1.0f, 1.0f};
-  float s_enc = fminf(2688.0f / amax, float_of(kFltMaxBits));
+  float s_enc = fminf(kNvfp4Range / amax, float_of(kFltMaxBits));
   if (amax == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
   return {true, s_enc, 1.0f / s_enc};
 }

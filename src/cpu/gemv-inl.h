@@ -346,7 +346,7 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
     for (std::size_t k = 0; k < 32; k += kN) {
       VF v = MinifloatBitsSigned<M>(
           hn::PromoteTo(DI(), hn::LoadU(DQI8(), reinterpret_cast<const std::int8_t*>(codes + k0 + k))));
-      if constexpr (!kPrescaled) v = hn::Mul(v, hn::Set(df, Pow2(127 - B)));
+      if constexpr (!kPrescaled) v = hn::Mul(v, hn::Set(df, numerics::pow2(127 - B)));
       Rows<kM>([&](auto m) HWY_ATTR {
         VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
         t = hn::MulAdd(hn::LoadU(df, x + m * K + k0 + k), v, t);

@@ -110,13 +110,6 @@ HWY_INLINE VF DecodeE2M1(VI c) {
   }
 }
 
-constexpr float Pow2(int k) {
-  float r = 1.0f;
-  for (; k > 0; --k) r *= 2.0f;
-  for (; k < 0; ++k) r *= 0.5f;
-  return r;
-}
-
 // Codes 0..255 of a signed 8-bit minifloat with M mantissa bits and exponent bias B: the
 // magnitude shifted to f32 position times 2^(127-B) (exact; subnormals become normals).
 // E4M3: 0x7F NaN. E5M2: 0x7C Inf, above NaN. NaN decodes as the reference's +-quiet NaN;
@@ -126,7 +119,7 @@ HWY_INLINE VF DecodeMinifloat(VI c) {
   const DF df;
   const DI di;
   const VI mag = hn::And(c, hn::Set(di, 0x7F));
-  VI v = hn::BitCast(di, hn::Mul(hn::BitCast(df, hn::ShiftLeft<23 - M>(mag)), hn::Set(df, Pow2(127 - B))));
+  VI v = hn::BitCast(di, hn::Mul(hn::BitCast(df, hn::ShiftLeft<23 - M>(mag)), hn::Set(df, numerics::pow2(127 - B))));
   if constexpr (kNaN) {
     if constexpr (kInfCode >= 0) v = hn::IfThenElse(hn::Eq(mag, hn::Set(di, kInfCode)), hn::Set(di, kInfBits), v);
     v = hn::IfThenElse(hn::Gt(mag, hn::Set(di, kNaNCode - 1)), hn::Set(di, 0x7FC00000), v);
