@@ -5,7 +5,7 @@
 // all call these functions, so they compute the same bits by construction.
 //
 // Host and device: every function is plain C++ on integer bits and single IEEE binary32
-// operations (no tables, no libm beyond rint/fabs/fmin/fmax and the 'nearest' rule's log2, no
+// operations (no table lookups, no libm beyond rint/fabs/fmin/fmax and the 'nearest' rule's log2, no
 // hardware FP8/FP4 conversions), marked __host__ __device__ under nvcc. Callers build without
 // multiply-add contraction (-ffp-contract=off, nvcc --fmad=false), so no expression here is fused.
 #pragma once
