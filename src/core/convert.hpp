@@ -47,13 +47,6 @@ inline void store_f32(float v, DType t, std::byte* p) {
   }
 }
 
-// v rounded to t and widened back: the value a t-typed variable would hold.
-inline float round_to(float v, DType t) {
-  if (t == DType::float16) return decode_f16(encode_f16(v));
-  if (t == DType::bfloat16) return decode_bf16(encode_bf16(v));
-  return v;
-}
-
 // Row-major float32 copy of a float view (any strides).
 std::vector<float> to_f32(const TensorView& x);
 // Row-major byte copy of a view of any dtype (any strides).

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "microscale/codecs.hpp"
+#include "core/numerics.hpp"
 #include "microscale/dtype.hpp"
 
 namespace microscale {
@@ -79,8 +79,8 @@ QuantSpec resolve(const QuantSpec& spec) {
     if (!ok) throw Error(mode + ": " + msg);
   };
   const bool fp = spec.mode != Mode::affine;
-  const int default_group = spec.mode == Mode::nvfp4 ? 16 : fp ? 32 : 64;
-  const int default_bits = spec.mode == Mode::mxfp8 ? 8 : 4;
+  const int default_group = numerics::default_group_size(spec.mode);
+  const int default_bits = numerics::default_bits(spec.mode);
   if (r.group_size == 0) r.group_size = default_group;
   if (r.bits == 0) r.bits = default_bits;
   if (fp) {
@@ -124,7 +124,7 @@ QqmmSpecs resolve_qqmm(const QuantSpec& spec, std::optional<float> global_scale_
   out.x.layout = Layout::compact;
   out.x = resolve(out.x);
   out.w = resolve(out.w);
-  if (global_scale_x) out.alpha = (*global_scale_x * *global_scale_w) * f32_from_bits(kC2688SqBits);
+  if (global_scale_x) out.alpha = numerics::nvfp4_product_decode(*global_scale_x, *global_scale_w);
   return out;
 }
 

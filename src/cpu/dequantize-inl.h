@@ -133,7 +133,7 @@ HWY_INLINE VF DecodeElements(VI c) {
 // depends on the compiler's operand order, and the reference gets the scale's).
 template <Kind kKind, bool kNaN, class O>
 HWY_INLINE void DequantizeTile(const std::uint8_t* packed, VF factors, O* y) {
-  constexpr std::size_t G = kKind == Kind::nvfp4 ? 16 : 32;
+  constexpr std::size_t G = kKind == Kind::nvfp4 ? numerics::kNvfp4Group : numerics::kMxGroup;
   constexpr std::size_t kBits = kKind == Kind::nvfp4 || kKind == Kind::mxfp4 ? 4 : 8;
   const DF df;
   const DI di;
@@ -167,7 +167,7 @@ HWY_INLINE void DequantizeTile(const std::uint8_t* packed, VF factors, O* y) {
 template <Kind kKind, class O>
 void FpBlocks(const std::uint8_t* packed, const std::uint8_t* scales, const QuantSpec& spec, std::int64_t b0,
               std::int64_t b1, O* y) {
-  constexpr std::size_t G = kKind == Kind::nvfp4 ? 16 : 32;
+  constexpr std::size_t G = kKind == Kind::nvfp4 ? numerics::kNvfp4Group : numerics::kMxGroup;
   constexpr std::size_t kBlockBytes = G * (kKind == Kind::nvfp4 || kKind == Kind::mxfp4 ? 4 : 8) / 8;
   constexpr bool kFp8 = kKind == Kind::mxfp8_e4m3 || kKind == Kind::mxfp8_e5m2;
   const DF df;

@@ -346,7 +346,7 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
     for (std::size_t k = 0; k < 32; k += kN) {
       VF v = MinifloatBitsSigned<M>(
           hn::PromoteTo(DI(), hn::LoadU(DQI8(), reinterpret_cast<const std::int8_t*>(codes + k0 + k))));
-      if constexpr (!kPrescaled) v = hn::Mul(v, hn::Set(df, Pow2(127 - B)));
+      if constexpr (!kPrescaled) v = hn::Mul(v, hn::Set(df, numerics::pow2(127 - B)));
       Rows<kM>([&](auto m) HWY_ATTR {
         VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
         t = hn::MulAdd(hn::LoadU(df, x + m * K + k0 + k), v, t);
@@ -498,9 +498,6 @@ HWY_INLINE void GenericRow(const QuantizedMatrix& w, std::int64_t n, const float
 // code. Scale factors for 16 groups are decoded in one vector and spread to the lanes of their
 // group by a table lookup.
 
-HWY_ALIGN constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
 // Float32 scale factors of 16 consecutive groups from their code bytes: E4M3 for nvfp4 (times
 // the three-level factor exactly as dequantize forms it), E8M0 for mx.
 HWY_INLINE __m512 ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) {
@@ -570,13 +567,13 @@ HWY_INLINE __m512 RowFactors(const std::uint8_t* row_codes, std::int64_t groups,
 template <int kM, bool kNv>
 void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1, const float* bias,
                  float* y) {
-  constexpr std::int64_t kGroup = kNv ? 16 : 32;
+  constexpr std::int64_t kGroup = kNv ? numerics::kNvfp4Group : numerics::kMxGroup;
   constexpr std::int64_t kBlocksPerFactors = kNv ? 2 : 4;  // 128-value blocks covered by 16 groups
   const std::int64_t K = w.cols, N = w.rows;
   const std::int64_t groups = K / kGroup;
   const std::int64_t blocks = K / 128;
   const std::uint32_t(*spread)[16] = kNv ? kSpread.nvfp4 : kSpread.mx;
-  const __m512 table = _mm512_load_ps(kE2M1Values);
+  const __m512 table = _mm512_load_ps(numerics::kE2M1Values);
   for (std::int64_t n = n0; n < n1; ++n) {
     const std::uint8_t* p = w.packed + n * (K / 2);
     const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;

@@ -193,12 +193,8 @@ struct Nvfp4 {
 };
 
 inline Nvfp4 Nvfp4Factors(const QuantSpec& spec) {
-  const float c6 = f32_from_bits(kC6Bits);
-  if (!spec.global_scale) return {c6, 1.0f};
-  const float amax = *spec.global_scale;
-  float s_enc = std::fmin(2688.0f / amax, kFltMax);
-  if (amax == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
-  return {s_enc * c6, 1.0f / s_enc};
+  const numerics::Nvfp4Tensor t = numerics::nvfp4_tensor(spec.global_scale.has_value(), spec.global_scale.value_or(0.0f));
+  return {t.s_enc * f32_from_bits(kC6Bits), t.s_dec};
 }
 
 // Two-level is three-level with S_enc = S_dec = 1: bamax*C6 and 1/(sf*1) are the same single
@@ -224,10 +220,7 @@ HWY_INLINE void Nvfp4Tile(const T* x, const Nvfp4& p, std::uint8_t* packed, std:
 // MLX's rule needs log2f: scalar per block, the reference's operations.
 template <class F>
 std::uint8_t NearestScale(float bamax, DType src) {
-  const float a = detail::round_to(bamax / F::MAX, src);
-  if (a == 0.0f) return 0x7F;
-  const float l = detail::round_to(std::log2(a), src);
-  return static_cast<std::uint8_t>(std::clamp(std::nearbyint(l) + 127.0f, 0.0f, 254.0f));
+  return numerics::e8m0_scale(bamax, numerics::mx_elem_of<F>(), ScaleRule::nearest, src);
 }
 
 template <class F>
@@ -352,7 +345,7 @@ void AffineGroups(const T* x, const QuantSpec& spec, DType src, std::int64_t g0,
   const int bits = spec.bits;
   const std::size_t group_bytes = static_cast<std::size_t>(gs * bits / 8);
   const std::size_t ssize = dtype_size(src);
-  const float n = static_cast<float>((1 << bits) - 1);
+  const float n = numerics::affine_max_code(bits);
   alignas(64) std::int32_t codes[128];
   for (std::int64_t g = g0; g < g1; ++g) {
     const T* w = x + g * gs;
@@ -377,16 +370,7 @@ void AffineGroups(const T* x, const QuantSpec& spec, DType src, std::int64_t g0,
     // The signs of zero extremes differ from the reference's scan order but reach no output.
     const float wmax = hn::GetLane(hn::MaxOfLanes(df, vmax));
     const float wmin = hn::GetLane(hn::MinOfLanes(df, vmin));
-    const bool neg = std::fabs(wmin) > std::fabs(wmax);
-    float scale = std::fmax((wmax - wmin) / n, 1e-7f);
-    if (!neg) scale = -scale;
-    const float edge = neg ? wmin : wmax;
-    const float q0 = std::nearbyint(edge / scale);
-    float bias = 0.0f;
-    if (q0 != 0.0f) {
-      scale = edge / q0;
-      bias = edge;
-    }
+    const auto [scale, bias] = numerics::affine_scale_bias(wmin, wmax, bits);
     const VF vs = hn::Set(df, scale), vb = hn::Set(df, bias), hi = hn::Set(df, n);
     for (int i = 0; i < gs; i += static_cast<int>(kN)) {
       const VF q = hn::Round(hn::Div(hn::Sub(Load(w + i), vb), vs));

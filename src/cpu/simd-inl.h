@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/numerics.hpp"
 #include "microscale/codecs.hpp"
 
 // Tile bodies passed as lambdas are inlined into their loops, so that the constants they set up
@@ -95,12 +96,10 @@ HWY_INLINE VI LoadBytes(const std::uint8_t* p) { return hn::BitCast(DI(), hn::Pr
 HWY_INLINE VF DecodeE2M1(VI c) {
   const DF df;
   const DI di;
-  alignas(64) static constexpr float kTable[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
   if constexpr (kN == 16) {  // a 16-entry lane lookup
-    return hn::TableLookupLanes(hn::Load(df, kTable), hn::IndicesFromVec(df, c));
+    return hn::TableLookupLanes(hn::Load(df, numerics::kE2M1Values), hn::IndicesFromVec(df, c));
   } else if constexpr (kN == 8) {  // the magnitude by lane lookup, the sign moved from bit 3 to bit 31
-    const VF mag = hn::TableLookupLanes(hn::Load(df, kTable), hn::IndicesFromVec(df, hn::And(c, hn::Set(di, 7))));
+    const VF mag = hn::TableLookupLanes(hn::Load(df, numerics::kE2M1Values), hn::IndicesFromVec(df, hn::And(c, hn::Set(di, 7))));
     return hn::BitCast(df, hn::Or(hn::BitCast(di, mag), hn::ShiftLeft<28>(hn::And(c, hn::Set(di, 8)))));
   } else {  // twice the magnitude by a byte table (lane bytes 1..3 index entry 0, which is 0)
     alignas(16) static constexpr std::uint8_t kTwice[16] = {0, 1, 2, 3, 4, 6, 8, 12};
@@ -109,13 +108,6 @@ HWY_INLINE VF DecodeE2M1(VI c) {
     const VF mag = hn::Mul(hn::ConvertTo(df, twice), hn::Set(df, 0.5f));
     return hn::BitCast(df, hn::Or(hn::BitCast(di, mag), hn::ShiftLeft<28>(hn::And(c, hn::Set(di, 8)))));
   }
-}
-
-constexpr float Pow2(int k) {
-  float r = 1.0f;
-  for (; k > 0; --k) r *= 2.0f;
-  for (; k < 0; ++k) r *= 0.5f;
-  return r;
 }
 
 // Codes 0..255 of a signed 8-bit minifloat with M mantissa bits and exponent bias B: the
@@ -127,7 +119,7 @@ HWY_INLINE VF DecodeMinifloat(VI c) {
   const DF df;
   const DI di;
   const VI mag = hn::And(c, hn::Set(di, 0x7F));
-  VI v = hn::BitCast(di, hn::Mul(hn::BitCast(df, hn::ShiftLeft<23 - M>(mag)), hn::Set(df, Pow2(127 - B))));
+  VI v = hn::BitCast(di, hn::Mul(hn::BitCast(df, hn::ShiftLeft<23 - M>(mag)), hn::Set(df, numerics::pow2(127 - B))));
   if constexpr (kNaN) {
     if constexpr (kInfCode >= 0) v = hn::IfThenElse(hn::Eq(mag, hn::Set(di, kInfCode)), hn::Set(di, kInfBits), v);
     v = hn::IfThenElse(hn::Gt(mag, hn::Set(di, kNaNCode - 1)), hn::Set(di, 0x7FC00000), v);
@@ -180,25 +172,20 @@ HWY_INLINE bool AnySpecialCode(const std::uint8_t* p, std::size_t n) {
 
 // ---- encoders: float32 -> codes, the scalar codecs' rounding in integer arithmetic ----
 
-// M explicit mantissa bits, smallest normal 2^EMIN, NaN code, sign bit (and the f32 shift that
-// brings the sign there), emax_elem, bits per code, max value and fl(1/MAX) of FORMATS.md 2.2.
-struct E2M1 {
-  static constexpr int M = 1, EMIN = 0, NAN_CODE = 0x7, SIGN_BIT = 0x8, SIGN_SHIFT = 28;
-  static constexpr int EMAX = 2, BITS = 4;
-  static constexpr float MAX = 6.0f, ROUNDS_TO_MAX = 7.0f;  // below the tie of MAX and the next binade
-  static constexpr std::uint32_t C_MAX_BITS = kC6Bits;
+// The element formats' parameters (src/core/numerics.hpp), plus the f32 shift that brings the
+// sign to SIGN_BIT and the bound below which |y| cannot round past MAX (below the tie of MAX and
+// the next binade).
+struct E2M1 : numerics::E2M1 {
+  static constexpr int SIGN_SHIFT = 28;
+  static constexpr float ROUNDS_TO_MAX = 7.0f;
 };
-struct E4M3 {
-  static constexpr int M = 3, EMIN = -6, NAN_CODE = 0x7F, SIGN_BIT = 0x80, SIGN_SHIFT = 24;
-  static constexpr int EMAX = 8, BITS = 8;
-  static constexpr float MAX = 448.0f, ROUNDS_TO_MAX = 464.0f;
-  static constexpr std::uint32_t C_MAX_BITS = kC448Bits;
+struct E4M3 : numerics::E4M3 {
+  static constexpr int SIGN_SHIFT = 24;
+  static constexpr float ROUNDS_TO_MAX = 464.0f;
 };
-struct E5M2 {
-  static constexpr int M = 2, EMIN = -14, NAN_CODE = 0x7F, SIGN_BIT = 0x80, SIGN_SHIFT = 24;
-  static constexpr int EMAX = 15, BITS = 8;
-  static constexpr float MAX = 57344.0f, ROUNDS_TO_MAX = 61440.0f;
-  static constexpr std::uint32_t C_MAX_BITS = kC57344Bits;
+struct E5M2 : numerics::E5M2 {
+  static constexpr int SIGN_SHIFT = 24;
+  static constexpr float ROUNDS_TO_MAX = 61440.0f;
 };
 
 // rn_sat magnitude code of |y| given as its f32 bit pattern a. |y| is first clamped to the

@@ -1,8 +1,8 @@
 // Per-group quantization and per-chunk decoding shared by the CUDA kernels and the host-side test.
-// Each function is the device form of one src/reference routine, with the same operations in the
-// same order (FORMATS.md 2.1-2.4), so kernel outputs are byte-identical to the CPU reference; the
-// host test runs these very functions over the test inputs and compares them with
-// microscale::quantize / dequantize.
+// The math of each group (scale codes, encode and decode factors, affine scale and bias) is the
+// scalar specification's (src/core/numerics.hpp), which the CPU reference calls too, so kernel
+// outputs are byte-identical to it; what is here is the data movement. The host test runs these
+// very functions over the test inputs and compares them with microscale::quantize / dequantize.
 #pragma once
 
 #include "cuda/codecs.cuh"
@@ -46,8 +46,7 @@ struct QuantizeArgs {
   ScaleRule rule;
   NonFinite nonfinite;
   Elem elem;
-  bool three_level;
-  float s_enc, s_dec;  // nvfp4 encode / decode factors (1 for two-level)
+  numerics::Nvfp4Tensor nvfp4;  // the tensor-level factors (two-level: 1)
   bool swizzled;
   std::int64_t scale_cols_padded;  // Cp of the swizzled layout
   std::uint8_t* packed;            // rows x K*bits/8
@@ -55,8 +54,7 @@ struct QuantizeArgs {
   void* biases;                    // affine only
 };
 
-// Host side. spec must be resolved. The nvfp4 factors are computed here, in f32 in FORMATS.md
-// 2.1's order.
+// Host side. spec must be resolved.
 inline QuantizeArgs quantize_args(const QuantSpec& spec, DType src, const void* x, std::int64_t rows, std::int64_t K,
                                   std::uint8_t* packed, void* scales, void* biases) {
   QuantizeArgs a{};
@@ -71,70 +69,14 @@ inline QuantizeArgs quantize_args(const QuantSpec& spec, DType src, const void* 
   a.rule = spec.scale_rule;
   a.nonfinite = spec.nonfinite;
   a.elem = spec.elem;
-  a.three_level = spec.mode == Mode::nvfp4 && spec.global_scale.has_value();
-  a.s_enc = a.s_dec = 1.0f;
-  if (a.three_level) {
-    const float amax = *spec.global_scale;
-    a.s_enc = fminf(2688.0f / amax, float_of(kFltMax));
-    if (amax == 0.0f || a.s_enc == 0.0f) a.s_enc = 1.0f;
-    a.s_dec = 1.0f / a.s_enc;
-  }
+  a.nvfp4 = numerics::nvfp4_tensor(spec.mode == Mode::nvfp4 && spec.global_scale.has_value(),
+                                   spec.global_scale.value_or(0.0f));
   a.swizzled = spec.layout == Layout::swizzled;
   a.scale_cols_padded = (a.groups + 3) / 4 * 4;
   a.packed = packed;
   a.scales = scales;
   a.biases = biases;
   return a;
-}
-
-// Element format of the mx modes: max, emax, explicit mantissa bits, fl(1/max).
-struct MxElem {
-  float max;
-  int emax, mbits;
-  std::uint32_t c_max;
-};
-MS_HD MxElem mx_elem(Mode mode, Elem elem) {
-  if (mode == Mode::mxfp4) return {6.0f, 2, 1, kC6};
-  if (elem == Elem::e5m2) return {57344.0f, 15, 2, kC57344};
-  return {448.0f, 8, 3, kC448};
-}
-
-// E8M0 block scale by rule (FORMATS.md 2.2).
-MS_HD std::uint8_t e8m0_scale(float bamax, const MxElem& ef, ScaleRule rule, DType src) {
-  switch (rule) {
-    case ScaleRule::ceil: {
-      const float v = bamax * float_of(ef.c_max);
-      if (is_nan(v)) return 0xFF;
-      if (!is_finite(v)) return 0xFE;
-      if (v == 0.0f) return 0x00;
-      const std::uint32_t b = bits_of(v);
-      std::uint32_t e = b >> 23;
-      const std::uint32_t mant = b & 0x7FFFFFu;
-      if (mant != 0 && e != 0xFE && !(e == 0 && mant <= 0x400000u)) e += 1;
-      return static_cast<std::uint8_t>(e);
-    }
-    case ScaleRule::floor: {
-      if (bamax == 0.0f) return 0x00;
-      const int e = static_cast<int>((bits_of(bamax) >> 23) & 0xFFu) - 127 - ef.emax;
-      return static_cast<std::uint8_t>((e < -127 ? -127 : e) + 127);
-    }
-    case ScaleRule::even: {
-      const std::uint32_t b = (bits_of(bamax) + (1u << (22 - ef.mbits))) & 0xFF800000u;
-      const int e = static_cast<int>(b >> 23) - 127 - ef.emax;
-      return static_cast<std::uint8_t>((e < -127 ? -127 : e > 127 ? 127 : e) + 127);
-    }
-    case ScaleRule::nearest: {
-      const float a = round_to(bamax / ef.max, src);
-      if (a == 0.0f) return 0x7F;
-      // The CPU calls log2f. log2 in double rounded to float is correctly rounded in practice;
-      // over every positive f32 it gives the same scale byte as glibc's log2f (which is not
-      // always correctly rounded, but never where the byte would change). See docs/cuda.md.
-      const float l = round_to(static_cast<float>(::log2(static_cast<double>(a))), src);
-      const float e = rintf(l) + 127.0f;
-      return static_cast<std::uint8_t>(e < 0.0f ? 0.0f : (254.0f < e ? 254.0f : e));
-    }
-  }
-  return 0xFF;
 }
 
 // Writes `n` zero bytes: the element codes of a non-finite block (outputs are not pre-zeroed).
@@ -150,13 +92,13 @@ MS_HD void quantize_group(const QuantizeArgs& a, std::int64_t g) {
   const int n = a.group, nbytes = a.group * a.bits / 8;
   const std::int64_t si = a.swizzled ? swizzled_offset(row, j, a.scale_cols_padded) : g;
 
-  // Block amax as TE's fmaxf (skips NaN, keeps Inf); only 'saturate' uses it on non-finite blocks.
+  // Only 'saturate' uses the block amax of a non-finite block.
   bool finite = true;
   float bamax = 0.0f, wmax = 0.0f, wmin = 0.0f;
   for (int i = 0; i < n; ++i) {
     const float v = load_float(a.x, x0 + i, a.src);
     finite = finite && is_finite(v);
-    bamax = fmaxf(bamax, fabsf(v));
+    bamax = numerics::amax_step(bamax, v);
     // affine: as std::max / std::min from w[0] on (matters only for the sign of a zero)
     wmax = i == 0 ? v : (wmax < v ? v : wmax);
     wmin = i == 0 ? v : (v < wmin ? v : wmin);
@@ -165,62 +107,40 @@ MS_HD void quantize_group(const QuantizeArgs& a, std::int64_t g) {
   if (a.mode == Mode::affine) {
     // 'saturate' has no affine form and acts as 'propagate'.
     if (!finite) {
-      store_float(a.scales, g, a.src, float_of(kQuietNaN));
-      store_float(a.biases, g, a.src, float_of(kQuietNaN));
+      store_float(a.scales, g, a.src, float_of(numerics::kQuietNaNBits));
+      store_float(a.biases, g, a.src, float_of(numerics::kQuietNaNBits));
       zero_bytes(out, nbytes);
       return;
     }
-    const float levels = static_cast<float>((1 << a.bits) - 1);
-    const bool neg = fabsf(wmin) > fabsf(wmax);
-    float scale = fmaxf((wmax - wmin) / levels, 1e-7f);
-    if (!neg) scale = -scale;
-    const float edge = neg ? wmin : wmax;
-    const float q0 = rintf(edge / scale);
-    float bias = 0.0f;
-    if (q0 != 0.0f) {
-      scale = edge / q0;
-      bias = edge;
-    }
+    const numerics::AffineScaleBias p = numerics::affine_scale_bias(wmin, wmax, a.bits);
+    const float max_code = numerics::affine_max_code(a.bits);
     // LSB-first bit stream; every group starts and ends on a byte boundary (group * bits % 8 == 0).
     std::uint32_t acc = 0;
     int filled = 0;
     for (int i = 0; i < n; ++i) {
-      const float q = rintf((load_float(a.x, x0 + i, a.src) - bias) / scale);
-      acc |= static_cast<std::uint32_t>(q < 0.0f ? 0.0f : (levels < q ? levels : q)) << filled;
+      acc |= numerics::affine_code(load_float(a.x, x0 + i, a.src), p, max_code) << filled;
       for (filled += a.bits; filled >= 8; filled -= 8, acc >>= 8) *out++ = static_cast<std::uint8_t>(acc);
     }
-    store_float(a.scales, g, a.src, scale);
-    store_float(a.biases, g, a.src, bias);
+    store_float(a.scales, g, a.src, p.scale);
+    store_float(a.biases, g, a.src, p.bias);
     return;
   }
 
   std::uint8_t* scale = static_cast<std::uint8_t*>(a.scales) + si;
   if (!finite && a.nonfinite != NonFinite::saturate) {
-    *scale = a.mode == Mode::nvfp4 ? 0x7F : 0xFF;  // the scale format's NaN; element codes 0
+    // the scale format's NaN; element codes 0
+    *scale = a.mode == Mode::nvfp4 ? numerics::E4M3::NAN_CODE : numerics::kE8M0NaN;
     zero_bytes(out, nbytes);
     return;
   }
-  float enc;
-  if (a.mode == Mode::nvfp4) {
-    std::uint8_t s;
-    if (a.three_level) {
-      s = encode_e4m3(fminf(bamax * (a.s_enc * float_of(kC6)), float_of(kFltMax)));
-      enc = fminf(1.0f / (decode_e4m3(s) * a.s_dec), float_of(kFltMax));
-    } else {
-      s = encode_e4m3(bamax * float_of(kC6));
-      enc = fminf(1.0f / decode_e4m3(s), float_of(kFltMax));
-    }
-    *scale = s;
-  } else {
-    const std::uint8_t e = e8m0_scale(bamax, mx_elem(a.mode, a.elem), a.rule, a.src);
-    *scale = e;
-    enc = e8m0_reciprocal(e);
-  }
+  const numerics::BlockScale bs =
+      a.mode == Mode::nvfp4
+          ? numerics::nvfp4_block_scale(bamax, a.nvfp4)
+          : numerics::mx_block_scale(bamax, numerics::mx_elem(a.mode, a.elem), a.rule, a.src, numerics::Log2Double{});
+  *scale = bs.code;
+  const float enc = bs.enc;
   if (a.mode == Mode::mxfp8) {
-    for (int i = 0; i < n; ++i) {
-      const float v = load_float(a.x, x0 + i, a.src) * enc;
-      out[i] = a.elem == Elem::e5m2 ? encode_e5m2(v) : encode_e4m3(v);
-    }
+    for (int i = 0; i < n; ++i) out[i] = numerics::encode_fp8(a.elem, load_float(a.x, x0 + i, a.src) * enc);
     return;
   }
   for (int i = 0; i < n; i += 2) {  // FP4: even element in the low nibble
@@ -285,7 +205,8 @@ MS_HD void decode8(const QuantizedArgs& q, std::int64_t batch, std::int64_t r, s
     std::uint64_t word = 0;  // 8 values of `bits` bits = `bits` bytes, LSB first
     for (int i = 0; i < q.bits; ++i) word |= static_cast<std::uint64_t>(p[i]) << (8 * i);
     const std::uint64_t mask = (1u << q.bits) - 1;
-    for (int i = 0; i < 8; ++i) v[i] = static_cast<float>((word >> (i * q.bits)) & mask) * s + b;
+    for (int i = 0; i < 8; ++i)
+      v[i] = numerics::affine_decode(static_cast<std::uint32_t>((word >> (i * q.bits)) & mask), s, b);
     return;
   }
   const std::uint32_t code = static_cast<const std::uint8_t*>(q.scales)[gi];
@@ -294,17 +215,12 @@ MS_HD void decode8(const QuantizedArgs& q, std::int64_t batch, std::int64_t r, s
     const std::uint64_t w = load_u64(p);
     for (int i = 0; i < 8; ++i) {
       const std::uint32_t e = static_cast<std::uint32_t>(w >> (8 * i)) & 0xFFu;
-      v[i] = (q.elem == Elem::e5m2 ? decode_e5m2(e) : decode_e4m3(e)) * s;
+      v[i] = numerics::decode_fp8(q.elem, e) * s;
     }
     return;
   }
-  float factor;
-  if (q.mode == Mode::mxfp4) {
-    factor = decode_e8m0(code);
-  } else {
-    const float sf = decode_e4m3(code);
-    factor = q.three_level && global ? (sf * q.amax) * float_of(kC2688) : sf;
-  }
+  const float factor = q.mode == Mode::mxfp4 ? decode_e8m0(code)
+                                             : numerics::nvfp4_decode_factor(code, q.three_level && global, q.amax);
   const std::uint32_t w = load_u32(p);
   for (int i = 0; i < 8; ++i) v[i] = decode_e2m1((w >> (4 * i)) & 0xFu) * factor;
 }

@@ -368,7 +368,7 @@ MatmulArgs matmul_args(const DeviceTensor& x, const Weight& w, bool transpose, c
 }
 
 // Three-level nvfp4 weights enter the kernels as two-level values; their factor is alpha.
-float weight_alpha(const QuantizedArgs& q) { return q.three_level ? q.amax * float_of(kC2688) : 1.0f; }
+float weight_alpha(const QuantizedArgs& q) { return q.three_level ? numerics::nvfp4_tensor_decode(q.amax) : 1.0f; }
 
 void check_bias(const DeviceTensor* bias, std::int64_t N, const std::string& op) {
   if (bias) check_float_tensor(*bias, {N}, op + ": bias");

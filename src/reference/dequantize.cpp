@@ -1,7 +1,7 @@
 #include <cmath>
 
 #include "core/convert.hpp"
-#include "microscale/codecs.hpp"
+#include "core/numerics.hpp"
 #include "reference/reference.hpp"
 
 namespace microscale::reference {
@@ -35,7 +35,6 @@ void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::
   const std::size_t scale_size = dtype_size(scale_dtype);
   const bool three_level = spec.mode == Mode::nvfp4 && spec.global_scale.has_value();
   const float amax = three_level ? *spec.global_scale : 0.0f;
-  const float c2688 = f32_from_bits(kC2688Bits);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::uint8_t* pr = packed + r * row_bytes;
     for (std::int64_t j = 0; j < groups; ++j) {
@@ -45,26 +44,21 @@ void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::
       for (std::int64_t k = j * g; k < (j + 1) * g; ++k) {
         float v = 0.0f;
         switch (spec.mode) {
-          case Mode::nvfp4: {
-            const float sf = decode_e4m3(code8);
-            const float factor = three_level ? (sf * amax) * c2688 : sf;
-            v = scaled(decode_e2m1(nibble(pr, k)), factor);
+          case Mode::nvfp4:
+            v = scaled(numerics::decode_e2m1(nibble(pr, k)), numerics::nvfp4_decode_factor(code8, three_level, amax));
             break;
-          }
           case Mode::mxfp4:
-            v = scaled(decode_e2m1(nibble(pr, k)), decode_e8m0(code8));
+            v = scaled(numerics::decode_e2m1(nibble(pr, k)), numerics::decode_e8m0(code8));
             break;
-          case Mode::mxfp8: {
-            const float e = spec.elem == Elem::e5m2 ? decode_e5m2(pr[k]) : decode_e4m3(pr[k]);
-            v = scaled(e, decode_e8m0(code8));
+          case Mode::mxfp8:
+            v = scaled(numerics::decode_fp8(spec.elem, pr[k]), numerics::decode_e8m0(code8));
             break;
-          }
           case Mode::affine: {
             const float s = detail::load_f32(sp, scale_dtype);
             const float b = detail::load_f32(biases + gi * scale_size, scale_dtype);
             // The scale's NaN before the bias's, for the same reason, made quiet as arithmetic would.
             v = std::isnan(s) ? f32_from_bits(f32_bits(s) | 0x00400000u)
-                              : static_cast<float>(get_bits(pr, k, spec.bits)) * s + b;
+                              : numerics::affine_decode(get_bits(pr, k, spec.bits), s, b);
             break;
           }
         }

@@ -1,6 +1,6 @@
 #include <vector>
 
-#include "microscale/codecs.hpp"
+#include "core/numerics.hpp"
 #include "reference/reference.hpp"
 
 namespace microscale::reference {
@@ -24,15 +24,15 @@ std::vector<float> element_values(const std::uint8_t* row, std::int64_t K, const
   std::vector<float> v(static_cast<std::size_t>(K));
   for (std::int64_t k = 0; k < K; ++k) {
     if (spec.mode == Mode::mxfp8)
-      v[static_cast<std::size_t>(k)] = spec.elem == Elem::e5m2 ? decode_e5m2(row[k]) : decode_e4m3(row[k]);
+      v[static_cast<std::size_t>(k)] = numerics::decode_fp8(spec.elem, row[k]);
     else
-      v[static_cast<std::size_t>(k)] = decode_e2m1(static_cast<std::uint8_t>(row[k / 2] >> ((k & 1) * 4)));
+      v[static_cast<std::size_t>(k)] = numerics::decode_e2m1(static_cast<std::uint32_t>(row[k / 2] >> ((k & 1) * 4)));
   }
   return v;
 }
 
 float scale_value(std::uint8_t code, Mode mode) {
-  return mode == Mode::nvfp4 ? decode_e4m3(code) : decode_e8m0(code);
+  return mode == Mode::nvfp4 ? numerics::decode_e4m3(code) : numerics::decode_e8m0(code);
 }
 
 }  // namespace
