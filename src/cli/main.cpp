@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <optional>
 
 #include "commands.hpp"
 #include "eval.hpp"
@@ -96,12 +97,9 @@ int run(int argc, char** argv) {
   opt.dtype = microscale::dtype_from_name(dtype);
   opt.out = microscale::dtype_from_name(out);
   if (!backend.empty()) {
-    if (backend == "cpu")
-      microscale::set_backend(microscale::Backend::cpu);
-    else if (backend == "reference")
-      microscale::set_backend(microscale::Backend::reference);
-    else
-      throw microscale::Error("--backend must be cpu or reference, got '" + backend + "'");
+    const std::optional<microscale::Backend> b = microscale::backend_from_name(backend);
+    if (!b) throw microscale::Error("--backend must be cpu or reference, got '" + backend + "'");
+    microscale::set_backend(*b);
   }
   if (!target.empty()) microscale::set_cpu_target(target);
   if (threads < 0) throw microscale::Error("--threads must be >= 0, got " + std::to_string(threads));
