@@ -5,6 +5,7 @@
 #include "output_files.hpp"
 #include "plot.hpp"
 #include "progress.hpp"
+#include "synthetic_weights.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <random>
 #include <sstream>
 
 namespace microscale::cli {
@@ -31,27 +31,10 @@ QuantSpec make(Mode mode, int group = 0, int bits = 0, Elem elem = Elem::e4m3) {
   return s;
 }
 
-// Synthetic weight matrix as float32 values, deterministic for a seed.
-std::vector<float> make_matrix(const std::string& kind, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<float> w(static_cast<std::size_t>(rows * cols));
-  if (kind == "student-t3") {
-    std::student_t_distribution<float> t(3.0f);
-    for (float& v : w) v = 0.02f * t(rng);
-    return w;
-  }
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  for (float& v : w) v = normal(rng);
-  if (kind == "outliers") {
-    // A few input channels (columns) 30x larger, as activation-outlier channels leave in weights.
-    std::uniform_int_distribution<std::int64_t> col(0, cols - 1);
-    const int n = static_cast<int>(std::max<std::int64_t>(1, cols / 512));
-    for (int j = 0; j < n; ++j) {
-      const std::int64_t c = col(rng);
-      for (std::int64_t r = 0; r < rows; ++r) w[static_cast<std::size_t>(r * cols + c)] *= 30.0f;
-    }
-  }
-  return w;
+// The kind of generated weights each name of --matrices stands for.
+WeightKind weight_kind(const std::string& matrix) {
+  if (matrix == "student-t3") return WeightKind::student_t;
+  return matrix == "outliers" ? WeightKind::outliers : WeightKind::gaussian;
 }
 
 // The matrix stored in `dtype` (raw bytes) and its exact f32 values.
@@ -387,7 +370,7 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
     std::uint64_t seed = opt.seed;
     bool warm = false;
     for (const std::string& matrix : matrices) {
-      const Stored w = store(make_matrix(matrix, opt.rows, opt.cols, seed++), opt.dtype);
+      const Stored w = store(synthetic_weights(weight_kind(matrix), opt.rows, opt.cols, seed++), opt.dtype);
       const TensorView x(w.bytes.data(), opt.dtype, shape);
       const double energy = energy_of(w.values);
       // Untimed work for a quarter second before the first measurement: the process's first
