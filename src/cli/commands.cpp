@@ -82,7 +82,7 @@ void run_interruptible(const std::string& out, F&& body) {
 // Format names of the issue: nvfp4, mxfp4, mxfp8, affine4, affine8 (and affine2..6).
 QuantSpec spec_from_format(const std::string& f) {
   QuantSpec s;
-  if (f.rfind("affine", 0) == 0) {
+  if (f.starts_with("affine")) {
     s.mode = Mode::affine;
     const std::string b = f.substr(6);
     if (b.empty() || b.size() > 1 || b[0] < '2' || b[0] > '8')

@@ -16,19 +16,13 @@
 
 namespace {
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else if (c != ' ') {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
+// A comma-separated list option: "a,b" and "a, b" give two items, empty items are dropped and each
+// use takes one argument (a following word stays the MODEL_DIR).
+CLI::Option* comma_list(CLI::Option* o) {
+  return o->delimiter(',')->allow_extra_args(false)->transform([](std::string item) {
+    std::erase(item, ' ');
+    return item;
+  });
 }
 
 // Parses and runs one command; errors other than a command-line one propagate to main.
@@ -44,14 +38,14 @@ int run(int argc, char** argv) {
                                              "weight matrices or a model's weights; table, CSV and PNG (the default "
                                              "subcommand when the arguments start with an option)");
   cli::EvalOptions opt;
-  std::string modes, matrices, dtype = "bfloat16", out = "float32";
+  std::string dtype = "bfloat16", out = "float32";
   eval->add_option("--rows", opt.rows, "rows of each synthetic matrix")->capture_default_str();
   eval->add_option("--cols", opt.cols, "columns (the quantized axis); a multiple of every group size")
       ->capture_default_str();
   std::string mode_help = "comma-separated modes (default: all):";
   for (const cli::EvalMode& m : cli::eval_modes()) mode_help += " " + m.name;
-  eval->add_option("--modes", modes, mode_help);
-  eval->add_option("--matrices", matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)");
+  comma_list(eval->add_option("--modes", opt.modes, mode_help));
+  comma_list(eval->add_option("--matrices", opt.matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)"));
   eval->add_option("--dtype", dtype, "dtype the weights are stored in: float32, bfloat16, float16")
       ->capture_default_str();
   eval->add_option("--out", out, "dequantize output dtype: float32, bfloat16, float16")->capture_default_str();
@@ -84,7 +78,7 @@ int run(int argc, char** argv) {
   }
   // `eval` is the default subcommand: `microscale --rows 64` means `microscale eval --rows 64`.
   const bool top_level_flag = args[0] == "-h" || args[0] == "--help" || args[0] == "--version";
-  if (args[0].rfind("-", 0) == 0 && !top_level_flag) args.insert(args.begin(), "eval");
+  if (args[0].starts_with('-') && !top_level_flag) args.insert(args.begin(), "eval");
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
 
   try {
@@ -92,8 +86,8 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  opt.modes = split_commas(modes);
-  opt.matrices = split_commas(matrices);
+  std::erase(opt.modes, std::string());  // an item of spaces only
+  std::erase(opt.matrices, std::string());
   opt.dtype = microscale::dtype_from_name(dtype);
   opt.out = microscale::dtype_from_name(out);
   if (!backend.empty()) {
