@@ -324,9 +324,9 @@ void validate(const EvalOptions& opt) {
   if (!is_float(opt.dtype)) throw Error(std::string("--dtype must be a float type, got ") + dtype_name(opt.dtype));
   if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
   if (!opt.csv.empty()) check_output_path("--csv", opt.csv);
-  if (!opt.png.empty()) check_output_path("--png", opt.png);
-  if (!opt.csv.empty() && !opt.png.empty() && fs::weakly_canonical(fs::absolute(opt.csv)) == fs::weakly_canonical(fs::absolute(opt.png)))
-    throw Error("--csv and --png name the same file '" + opt.csv + "'");
+  if (!opt.svg.empty()) check_output_path("--svg", opt.svg);
+  if (!opt.csv.empty() && !opt.svg.empty() && fs::weakly_canonical(fs::absolute(opt.csv)) == fs::weakly_canonical(fs::absolute(opt.svg)))
+    throw Error("--csv and --svg name the same file '" + opt.csv + "'");
   for (const std::string& name : opt.modes) {
     if (!find_mode(name)) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
     if (std::count(opt.modes.begin(), opt.modes.end(), name) > 1) throw Error("mode '" + name + "' is listed twice");
@@ -406,7 +406,7 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
         << r.dequant_gelems << ',' << r.size_bytes << ',' << r.nonfinite_values << '\n';
     files.push_back({"--csv", opt.csv, f.str()});
   }
-  if (!opt.png.empty()) {
+  if (!opt.svg.empty()) {
     std::vector<PlotPoint> pts;
     std::vector<std::string> unplotted;
     for (const EvalRow& r : summary) {
@@ -414,10 +414,9 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
       if (!(r.rel_error > 0 && std::isfinite(r.rel_error))) unplotted.push_back(r.mode);
     }
     const std::string what = opt.model_dir.empty() ? "synthetic weights" : fs::path(opt.model_dir).filename().string();
-    const std::vector<unsigned char> png =
-        scatter_png("relative error vs bits per value (" + what + ")", "bits per value (scales included)",
-                    "relative error (rms, log scale)", pts);
-    files.push_back({"--png", opt.png, std::string(png.begin(), png.end())});
+    files.push_back({"--svg", opt.svg,
+                     scatter_svg("relative error vs bits per value (" + what + ")", "bits per value (scales included)",
+                                 "relative error (rms, log scale)", pts)});
     if (!unplotted.empty())
       std::printf("note: not plotted (rel.error zero, nan or inf on a log axis): %s\n", join(unplotted).c_str());
   }

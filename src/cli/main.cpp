@@ -35,7 +35,7 @@ int run(int argc, char** argv) {
              "defaults; `microscale SUBCOMMAND --help` lists a subcommand's options.");
 
   CLI::App* eval = app.add_subcommand("eval", "quantization error, throughput and size of every mode on synthetic "
-                                             "weight matrices or a model's weights; table, CSV and PNG (the default "
+                                             "weight matrices or a model's weights; table, CSV and SVG plot (the default "
                                              "subcommand when the arguments start with an option)");
   cli::EvalOptions opt;
   std::string dtype = "bfloat16", out = "float32";
@@ -52,12 +52,14 @@ int run(int argc, char** argv) {
   eval->add_option("--repeats", opt.repeats, "timed runs per op (median reported)")->capture_default_str();
   eval->add_option("--seed", opt.seed, "seed of the synthetic matrices")->capture_default_str();
   opt.csv = "microscale-eval.csv";
-  opt.png = "microscale-eval.png";
+  opt.svg = "microscale-eval.svg";
   bool no_files = false;
   eval->add_option("--csv", opt.csv, "write the table as CSV to this file")->capture_default_str();
-  eval->add_option("--png", opt.png, "plot relative error against bits per value (one point per format) to this PNG")
+  eval->add_option("--svg", opt.svg, "plot relative error against bits per value (one point per format) to this SVG")
       ->capture_default_str();
-  eval->add_flag("--no-files", no_files, "print the table only (no CSV, no PNG)");
+  // The plot was a PNG before it became SVG: an old command line gets told what to write instead.
+  CLI::Option* png = eval->add_option("--png")->expected(0, 1)->group("");
+  eval->add_flag("--no-files", no_files, "print the table only (no CSV, no SVG)");
   eval->add_option("MODEL_DIR", opt.model_dir,
                    "evaluate the projection weights of this checkpoint instead of synthetic matrices");
   const std::vector<cli::Command> commands = cli::add_checkpoint_commands(app);
@@ -86,6 +88,8 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (png->count() > 0)
+    throw microscale::Error("--png was replaced by --svg: eval writes its plot as SVG now; use --svg FILE");
   std::erase(opt.modes, std::string());  // an item of spaces only
   std::erase(opt.matrices, std::string());
   opt.dtype = microscale::dtype_from_name(dtype);
@@ -105,7 +109,7 @@ int run(int argc, char** argv) {
     }
   if (no_files) {
     opt.csv.clear();
-    opt.png.clear();
+    opt.svg.clear();
   }
   cli::run_eval(opt);
   return 0;
