@@ -27,7 +27,7 @@ ms::QuantSpec spec_of(const std::string& mode) {
   if (mode == "mxfp8-e5m2") {
     s.mode = ms::Mode::mxfp8;
     s.elem = ms::Elem::e5m2;
-  } else if (mode.rfind("affine", 0) == 0) {
+  } else if (mode.starts_with("affine")) {
     s.mode = ms::Mode::affine;
     s.bits = mode[6] - '0';
     s.group_size = std::atoi(mode.c_str() + mode.find("-g") + 2);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "microscale/microscale.hpp"
+#include "synthetic_weights.hpp"
 
 namespace ms = microscale;
 
@@ -23,31 +24,20 @@ struct Matrix {
   std::vector<float> values;
 };
 
-// Student-t with `dof` degrees of freedom, scaled to unit-ish spread.
-float student_t(std::mt19937_64& rng, double dof) {
-  std::normal_distribution<double> z;
-  std::chi_squared_distribution<double> chi(dof);
-  return static_cast<float>(z(rng) / std::sqrt(chi(rng) / dof) * 0.02);
-}
-
-Matrix make(const std::string& kind, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-  Matrix m{kind, "", rows, cols, std::vector<float>(static_cast<std::size_t>(rows * cols))};
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> z(0.0, 0.02);
-  if (kind == "normal") {
+Matrix make(const std::string& name, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  Matrix m{name, "", rows, cols, {}};
+  if (name == "normal") {
     m.description = "Gaussian, sigma 0.02";
-    for (float& v : m.values) v = static_cast<float>(z(rng));
-  } else if (kind == "heavy-tailed") {
+    m.values = ms::cli::synthetic_weights(ms::cli::WeightKind::gaussian, rows, cols, seed);
+  } else if (name == "heavy-tailed") {
     m.description = "Student-t, 3 degrees of freedom";
-    for (float& v : m.values) v = student_t(rng, 3.0);
-  } else if (kind == "channel-outliers") {
-    m.description = "Gaussian with 8 input channels (columns) scaled x30";
-    for (float& v : m.values) v = static_cast<float>(z(rng));
-    for (std::int64_t c = 0; c < cols; c += cols / 8)
-      for (std::int64_t r = 0; r < rows; ++r) m.values[static_cast<std::size_t>(r * cols + c)] *= 30.0f;
+    m.values = ms::cli::synthetic_weights(ms::cli::WeightKind::student_t, rows, cols, seed, 3.0f);
+  } else if (name == "channel-outliers") {
+    m.description = "Gaussian with " + std::to_string(cols / 512) + " random input channels (columns) scaled x30";
+    m.values = ms::cli::synthetic_weights(ms::cli::WeightKind::outliers, rows, cols, seed);
   } else {  // extreme tail
     m.description = "Student-t, 1.5 degrees of freedom (infinite variance)";
-    for (float& v : m.values) v = student_t(rng, 1.5);
+    m.values = ms::cli::synthetic_weights(ms::cli::WeightKind::student_t, rows, cols, seed, 1.5f);
   }
   return m;
 }
@@ -112,8 +102,9 @@ int main(int argc, char** argv) {
         y_ref[static_cast<std::size_t>(m * w.rows + n)] = acc;
       }
     const std::vector<double> w64(w.values.begin(), w.values.end());
-    std::printf("| %s %lldx%lld (%s) | float32 | 32 | 0 | 0 | %.2f |\n", w.name.c_str(), static_cast<long long>(w.rows),
-                static_cast<long long>(w.cols), w.description.c_str(), double(w.rows * w.cols) * 4 / 1e6);
+    std::printf("| %s %s (%s) | float32 | 32 | 0 | 0 | %.2f |\n", w.name.c_str(),
+                ms::shape_str({w.rows, w.cols}, ms::ShapeStyle::dims).c_str(), w.description.c_str(),
+                double(w.rows * w.cols) * 4 / 1e6);
     for (const Row& r : rows) {
       ms::QuantSpec s = r.spec;
       if (r.three_level) s.global_scale = ms::global_scale(wv);

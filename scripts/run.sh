@@ -14,4 +14,4 @@ cmake --build build --target microscale_cli -j "$(jobs)"
 
 step "microscale eval"
 # The table's CSV and plot go to build/, not into the checkout.
-build/src/cli/microscale eval --csv build/microscale-eval.csv --png build/microscale-eval.png "$@"
+build/src/cli/microscale eval --csv build/microscale-eval.csv --svg build/microscale-eval.svg "$@"

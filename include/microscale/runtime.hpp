@@ -13,12 +13,18 @@
 //                           by calls from several threads at once, each keeping its own thread
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace microscale {
 
 enum class Backend { cpu, reference };
+
+// "cpu" or "reference"; no value for any other name, so each caller words its own error.
+std::optional<Backend> backend_from_name(std::string_view text);
+const char* name(Backend b);
 
 Backend backend();
 void set_backend(Backend b);

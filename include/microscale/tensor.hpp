@@ -12,7 +12,11 @@ namespace microscale {
 using Shape = std::vector<std::int64_t>;
 
 std::int64_t numel(const Shape& shape);
-std::string shape_str(const Shape& shape);
+// The one shape formatter, in the style each output needs: tuple "(2, 3)", "(5,)", "()" as numpy
+// prints shapes (error messages); list "[2, 3]" as safetensors headers write them; dims "2x3"
+// ("scalar" for rank 0) for table columns and file names.
+enum class ShapeStyle { tuple, list, dims };
+std::string shape_str(const Shape& shape, ShapeStyle style = ShapeStyle::tuple);
 Shape contiguous_strides(const Shape& shape);
 
 // Non-owning view of caller memory. Strides are in elements (not bytes) and may be any

@@ -24,12 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string shape_text(const Shape& s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
-  return out.empty() ? "scalar" : out;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -88,7 +82,7 @@ void run_interruptible(const std::string& out, F&& body) {
 // Format names of the issue: nvfp4, mxfp4, mxfp8, affine4, affine8 (and affine2..6).
 QuantSpec spec_from_format(const std::string& f) {
   QuantSpec s;
-  if (f.rfind("affine", 0) == 0) {
+  if (f.starts_with("affine")) {
     s.mode = Mode::affine;
     const std::string b = f.substr(6);
     if (b.empty() || b.size() > 1 || b[0] < '2' || b[0] > '8')
@@ -204,10 +198,10 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       std::printf("\n%-*s %12s %11s %8s %9s\n", static_cast<int>(w), "layer", "shape", "rel.error", "SQNR dB", "nonfinite");
       for (const io::TensorReport& t : r.tensors)
         if (t.action == "quantized")
-          std::printf("%-*s %12s %11.3e %8.2f %9lld\n", static_cast<int>(w), t.name.c_str(), shape_text(t.shape).c_str(),
+          std::printf("%-*s %12s %11.3e %8.2f %9lld\n", static_cast<int>(w), t.name.c_str(), shape_str(t.shape, ShapeStyle::dims).c_str(),
                       t.rel_error, t.sqnr_db, static_cast<long long>(t.nonfinite));
         else if (t.action == "kept")
-          std::printf("%-*s %12s kept: %s\n", static_cast<int>(w), t.name.c_str(), shape_text(t.shape).c_str(),
+          std::printf("%-*s %12s kept: %s\n", static_cast<int>(w), t.name.c_str(), shape_str(t.shape, ShapeStyle::dims).c_str(),
                       t.reason.c_str());
       if (!o->errors_csv.empty()) {
         // Kept weights have empty errors and their reason; quoted, as reasons hold commas.
@@ -215,10 +209,10 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
         f << "layer,shape,format,rel_error,sqnr_db,nonfinite,kept\n";
         for (const io::TensorReport& t : r.tensors)
           if (t.action == "quantized")
-            f << t.name << ',' << shape_text(t.shape) << ',' << o->format << ',' << t.rel_error << ',' << t.sqnr_db
+            f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << o->format << ',' << t.rel_error << ',' << t.sqnr_db
               << ',' << t.nonfinite << ",\n";
           else if (t.action == "kept")
-            f << t.name << ',' << shape_text(t.shape) << ',' << t.format << ",,,,\"" << t.reason << "\"\n";
+            f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << t.format << ",,,,\"" << t.reason << "\"\n";
         write_outputs({{"--errors-csv", o->errors_csv, f.str()}});
       }
     }); }});
@@ -309,7 +303,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                   "shape", static_cast<int>(fw), "format", "min", "max", "mean", "std", "nonfin", "detail");
       for (const io::InspectRow& row : r.rows) {
         std::printf("%-*s %-8s %-12s %-*s ", static_cast<int>(w), row.name.c_str(), row.dtype.c_str(),
-                    shape_text(row.shape).c_str(), static_cast<int>(fw), row.format.c_str());
+                    shape_str(row.shape, ShapeStyle::dims).c_str(), static_cast<int>(fw), row.format.c_str());
         if (row.stats.valid)
           std::printf("%11.4g %11.4g %11.4g %11.4g %6lld", row.stats.min, row.stats.max, row.stats.mean, row.stats.std,
                       static_cast<long long>(row.stats.nonfinite));

@@ -5,6 +5,7 @@
 #include "output_files.hpp"
 #include "plot.hpp"
 #include "progress.hpp"
+#include "synthetic_weights.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <random>
 #include <sstream>
 
 namespace microscale::cli {
@@ -31,27 +31,10 @@ QuantSpec make(Mode mode, int group = 0, int bits = 0, Elem elem = Elem::e4m3) {
   return s;
 }
 
-// Synthetic weight matrix as float32 values, deterministic for a seed.
-std::vector<float> make_matrix(const std::string& kind, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<float> w(static_cast<std::size_t>(rows * cols));
-  if (kind == "student-t3") {
-    std::student_t_distribution<float> t(3.0f);
-    for (float& v : w) v = 0.02f * t(rng);
-    return w;
-  }
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  for (float& v : w) v = normal(rng);
-  if (kind == "outliers") {
-    // A few input channels (columns) 30x larger, as activation-outlier channels leave in weights.
-    std::uniform_int_distribution<std::int64_t> col(0, cols - 1);
-    const int n = static_cast<int>(std::max<std::int64_t>(1, cols / 512));
-    for (int j = 0; j < n; ++j) {
-      const std::int64_t c = col(rng);
-      for (std::int64_t r = 0; r < rows; ++r) w[static_cast<std::size_t>(r * cols + c)] *= 30.0f;
-    }
-  }
-  return w;
+// The kind of generated weights each name of --matrices stands for.
+WeightKind weight_kind(const std::string& matrix) {
+  if (matrix == "student-t3") return WeightKind::student_t;
+  return matrix == "outliers" ? WeightKind::outliers : WeightKind::gaussian;
 }
 
 // The matrix stored in `dtype` (raw bytes) and its exact f32 values.
@@ -341,9 +324,9 @@ void validate(const EvalOptions& opt) {
   if (!is_float(opt.dtype)) throw Error(std::string("--dtype must be a float type, got ") + dtype_name(opt.dtype));
   if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
   if (!opt.csv.empty()) check_output_path("--csv", opt.csv);
-  if (!opt.png.empty()) check_output_path("--png", opt.png);
-  if (!opt.csv.empty() && !opt.png.empty() && fs::weakly_canonical(fs::absolute(opt.csv)) == fs::weakly_canonical(fs::absolute(opt.png)))
-    throw Error("--csv and --png name the same file '" + opt.csv + "'");
+  if (!opt.svg.empty()) check_output_path("--svg", opt.svg);
+  if (!opt.csv.empty() && !opt.svg.empty() && fs::weakly_canonical(fs::absolute(opt.csv)) == fs::weakly_canonical(fs::absolute(opt.svg)))
+    throw Error("--csv and --svg name the same file '" + opt.csv + "'");
   for (const std::string& name : opt.modes) {
     if (!find_mode(name)) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
     if (std::count(opt.modes.begin(), opt.modes.end(), name) > 1) throw Error("mode '" + name + "' is listed twice");
@@ -387,7 +370,7 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
     std::uint64_t seed = opt.seed;
     bool warm = false;
     for (const std::string& matrix : matrices) {
-      const Stored w = store(make_matrix(matrix, opt.rows, opt.cols, seed++), opt.dtype);
+      const Stored w = store(synthetic_weights(weight_kind(matrix), opt.rows, opt.cols, seed++), opt.dtype);
       const TensorView x(w.bytes.data(), opt.dtype, shape);
       const double energy = energy_of(w.values);
       // Untimed work for a quarter second before the first measurement: the process's first
@@ -423,7 +406,7 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
         << r.dequant_gelems << ',' << r.size_bytes << ',' << r.nonfinite_values << '\n';
     files.push_back({"--csv", opt.csv, f.str()});
   }
-  if (!opt.png.empty()) {
+  if (!opt.svg.empty()) {
     std::vector<PlotPoint> pts;
     std::vector<std::string> unplotted;
     for (const EvalRow& r : summary) {
@@ -431,10 +414,9 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
       if (!(r.rel_error > 0 && std::isfinite(r.rel_error))) unplotted.push_back(r.mode);
     }
     const std::string what = opt.model_dir.empty() ? "synthetic weights" : fs::path(opt.model_dir).filename().string();
-    const std::vector<unsigned char> png =
-        scatter_png("relative error vs bits per value (" + what + ")", "bits per value (scales included)",
-                    "relative error (rms, log scale)", pts);
-    files.push_back({"--png", opt.png, std::string(png.begin(), png.end())});
+    files.push_back({"--svg", opt.svg,
+                     scatter_svg("relative error vs bits per value (" + what + ")", "bits per value (scales included)",
+                                 "relative error (rms, log scale)", pts)});
     if (!unplotted.empty())
       std::printf("note: not plotted (rel.error zero, nan or inf on a log axis): %s\n", join(unplotted).c_str());
   }

@@ -1,5 +1,5 @@
 // `microscale eval`: quantization error, throughput and size of every mode on synthetic weights
-// or on the projection weights of a model directory; printed, saved as CSV and plotted as PNG.
+// or on the projection weights of a model directory; printed, saved as CSV and plotted as SVG.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ struct EvalOptions {
   int repeats = 3;                    // timed runs per op; the median is reported
   std::uint64_t seed = 1234;
   std::string csv;                    // also write the table here when not empty
-  std::string png;                    // plot relative error against bits per value here when not empty
+  std::string svg;                    // plot relative error against bits per value here when not empty
   std::string model_dir;              // evaluate this checkpoint's projection weights instead
 };
 
@@ -53,11 +53,11 @@ ErrorStats error_stats(double squared_error, double energy);
 const std::vector<EvalMode>& eval_modes();
 const std::vector<std::string>& eval_matrices();
 
-// Checks the options (mode and matrix names, sizes, group divisibility, that the --csv and --png
+// Checks the options (mode and matrix names, sizes, group divisibility, that the --csv and --svg
 // files can be written); throws microscale::Error.
 void validate(const EvalOptions& opt);
 // Runs the evaluation, printing the aligned table to stdout as rows complete, then writes the
-// CSV and PNG files the options name (atomically, both or neither). Returns every row, the "all"
+// CSV and SVG files the options name (atomically, both or neither). Returns every row, the "all"
 // summary rows last.
 std::vector<EvalRow> run_eval(const EvalOptions& opt);
 

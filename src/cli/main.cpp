@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <optional>
 
 #include "commands.hpp"
 #include "eval.hpp"
@@ -15,19 +16,13 @@
 
 namespace {
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else if (c != ' ') {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
+// A comma-separated list option: "a,b" and "a, b" give two items, empty items are dropped and each
+// use takes one argument (a following word stays the MODEL_DIR).
+CLI::Option* comma_list(CLI::Option* o) {
+  return o->delimiter(',')->allow_extra_args(false)->transform([](std::string item) {
+    std::erase(item, ' ');
+    return item;
+  });
 }
 
 // Parses and runs one command; errors other than a command-line one propagate to main.
@@ -40,29 +35,31 @@ int run(int argc, char** argv) {
              "defaults; `microscale SUBCOMMAND --help` lists a subcommand's options.");
 
   CLI::App* eval = app.add_subcommand("eval", "quantization error, throughput and size of every mode on synthetic "
-                                             "weight matrices or a model's weights; table, CSV and PNG (the default "
+                                             "weight matrices or a model's weights; table, CSV and SVG plot (the default "
                                              "subcommand when the arguments start with an option)");
   cli::EvalOptions opt;
-  std::string modes, matrices, dtype = "bfloat16", out = "float32";
+  std::string dtype = "bfloat16", out = "float32";
   eval->add_option("--rows", opt.rows, "rows of each synthetic matrix")->capture_default_str();
   eval->add_option("--cols", opt.cols, "columns (the quantized axis); a multiple of every group size")
       ->capture_default_str();
   std::string mode_help = "comma-separated modes (default: all):";
   for (const cli::EvalMode& m : cli::eval_modes()) mode_help += " " + m.name;
-  eval->add_option("--modes", modes, mode_help);
-  eval->add_option("--matrices", matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)");
+  comma_list(eval->add_option("--modes", opt.modes, mode_help));
+  comma_list(eval->add_option("--matrices", opt.matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)"));
   eval->add_option("--dtype", dtype, "dtype the weights are stored in: float32, bfloat16, float16")
       ->capture_default_str();
   eval->add_option("--out", out, "dequantize output dtype: float32, bfloat16, float16")->capture_default_str();
   eval->add_option("--repeats", opt.repeats, "timed runs per op (median reported)")->capture_default_str();
   eval->add_option("--seed", opt.seed, "seed of the synthetic matrices")->capture_default_str();
   opt.csv = "microscale-eval.csv";
-  opt.png = "microscale-eval.png";
+  opt.svg = "microscale-eval.svg";
   bool no_files = false;
   eval->add_option("--csv", opt.csv, "write the table as CSV to this file")->capture_default_str();
-  eval->add_option("--png", opt.png, "plot relative error against bits per value (one point per format) to this PNG")
+  eval->add_option("--svg", opt.svg, "plot relative error against bits per value (one point per format) to this SVG")
       ->capture_default_str();
-  eval->add_flag("--no-files", no_files, "print the table only (no CSV, no PNG)");
+  // The plot was a PNG before it became SVG: an old command line gets told what to write instead.
+  CLI::Option* png = eval->add_option("--png")->expected(0, 1)->group("");
+  eval->add_flag("--no-files", no_files, "print the table only (no CSV, no SVG)");
   eval->add_option("MODEL_DIR", opt.model_dir,
                    "evaluate the projection weights of this checkpoint instead of synthetic matrices");
   const std::vector<cli::Command> commands = cli::add_checkpoint_commands(app);
@@ -83,7 +80,7 @@ int run(int argc, char** argv) {
   }
   // `eval` is the default subcommand: `microscale --rows 64` means `microscale eval --rows 64`.
   const bool top_level_flag = args[0] == "-h" || args[0] == "--help" || args[0] == "--version";
-  if (args[0].rfind("-", 0) == 0 && !top_level_flag) args.insert(args.begin(), "eval");
+  if (args[0].starts_with('-') && !top_level_flag) args.insert(args.begin(), "eval");
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
 
   try {
@@ -91,17 +88,16 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  opt.modes = split_commas(modes);
-  opt.matrices = split_commas(matrices);
+  if (png->count() > 0)
+    throw microscale::Error("--png was replaced by --svg: eval writes its plot as SVG now; use --svg FILE");
+  std::erase(opt.modes, std::string());  // an item of spaces only
+  std::erase(opt.matrices, std::string());
   opt.dtype = microscale::dtype_from_name(dtype);
   opt.out = microscale::dtype_from_name(out);
   if (!backend.empty()) {
-    if (backend == "cpu")
-      microscale::set_backend(microscale::Backend::cpu);
-    else if (backend == "reference")
-      microscale::set_backend(microscale::Backend::reference);
-    else
-      throw microscale::Error("--backend must be cpu or reference, got '" + backend + "'");
+    const std::optional<microscale::Backend> b = microscale::backend_from_name(backend);
+    if (!b) throw microscale::Error("--backend must be cpu or reference, got '" + backend + "'");
+    microscale::set_backend(*b);
   }
   if (!target.empty()) microscale::set_cpu_target(target);
   if (threads < 0) throw microscale::Error("--threads must be >= 0, got " + std::to_string(threads));
@@ -113,7 +109,7 @@ int run(int argc, char** argv) {
     }
   if (no_files) {
     opt.csv.clear();
-    opt.png.clear();
+    opt.svg.clear();
   }
   cli::run_eval(opt);
   return 0;

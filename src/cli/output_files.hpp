@@ -1,4 +1,4 @@
-// The files the CLI writes (--csv, --png, --errors-csv): their paths are checked before any work
+// The files the CLI writes (--csv, --svg, --errors-csv): their paths are checked before any work
 // starts, and they are written atomically, so a failed run leaves neither a partial file nor a
 // stray one that looks like a result.
 #pragma once

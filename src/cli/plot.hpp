@@ -1,6 +1,5 @@
-// A labelled scatter plot written as PNG, with no library: a small palette image, a built-in
-// 5x7 pixel font, and stored (uncompressed) deflate blocks, so the CLI needs neither zlib nor
-// Python to draw its figure.
+// A labelled scatter plot written as SVG text: markers, labels, grid and axes are SVG elements,
+// so the CLI draws its figure with neither an image library nor Python.
 #pragma once
 
 #include <string>
@@ -13,13 +12,10 @@ struct PlotPoint {
   std::string label;
 };
 
-// The PNG file's bytes. y is drawn on a log10 axis (relative errors span decades); points with
-// y <= 0 or a non-finite coordinate are skipped.
-std::vector<unsigned char> scatter_png(const std::string& title, const std::string& xlabel, const std::string& ylabel,
-                                       const std::vector<PlotPoint>& points);
-
-// The raw encoder: `pixels` holds w*h palette indices (0..15), row-major; palette is 16 RGB triples.
-std::vector<unsigned char> encode_png_palette4(int w, int h, const std::vector<unsigned char>& pixels,
-                                               const unsigned char (&palette)[16][3]);
+// The SVG document. y is drawn on a log10 axis (relative errors span decades); points with y <= 0
+// or a non-finite coordinate are skipped. Each point drawn is one series, <g class="series">
+// holding its marker (<circle>) and its label (<text>).
+std::string scatter_svg(const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                        const std::vector<PlotPoint>& points);
 
 }  // namespace microscale::cli

@@ -18,14 +18,17 @@ std::int64_t numel(const Shape& shape) {
   return n;
 }
 
-std::string shape_str(const Shape& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
+std::string shape_str(const Shape& shape, ShapeStyle style) {
+  if (style == ShapeStyle::dims && shape.empty()) return "scalar";
+  const char* separator = style == ShapeStyle::dims ? "x" : ", ";
+  std::string s;
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? separator : "") + std::to_string(shape[i]);
+  switch (style) {
+    case ShapeStyle::tuple: return "(" + s + (shape.size() == 1 ? ",)" : ")");
+    case ShapeStyle::list: return "[" + s + "]";
+    case ShapeStyle::dims: return s;
   }
-  if (shape.size() == 1) s += ",";
-  return s + ")";
+  return s;
 }
 
 namespace {

@@ -4,7 +4,7 @@
 file(REMOVE_RECURSE "${WORKDIR}")
 execute_process(COMMAND "${WRITER}" "${WORKDIR}/model" COMMAND_ERROR_IS_FATAL ANY)
 execute_process(COMMAND "${CLI}" eval "${WORKDIR}/model" --modes nvfp4,affine4-g64 --repeats 1
-                        --csv "${WORKDIR}/eval.csv" --png "${WORKDIR}/eval.png"
+                        --csv "${WORKDIR}/eval.csv" --svg "${WORKDIR}/eval.svg"
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "eval exited ${rc}\n${out}\n${err}")

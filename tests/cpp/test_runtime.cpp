@@ -44,4 +44,12 @@ TEST(Runtime, SettersAndErrors) {
   EXPECT_GE(ms::num_threads(), 1);
 }
 
+// One spelling per backend, shared by the CLI, the Python module and MICROSCALE_BACKEND.
+TEST(Runtime, BackendNames) {
+  for (ms::Backend b : {ms::Backend::cpu, ms::Backend::reference}) EXPECT_EQ(ms::backend_from_name(ms::name(b)), b);
+  EXPECT_STREQ(ms::name(ms::Backend::cpu), "cpu");
+  EXPECT_STREQ(ms::name(ms::Backend::reference), "reference");
+  for (const char* bad : {"", "gpu", "CPU", "reference ", "ref"}) EXPECT_FALSE(ms::backend_from_name(bad)) << bad;
+}
+
 }  // namespace

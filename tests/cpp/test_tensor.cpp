@@ -247,6 +247,15 @@ TEST(Tensor, TensorBasics) {
     EXPECT_TRUE(TensorView(buf, DType::float32, {2, 3}).is_contiguous());
     EXPECT_TRUE(TensorView(buf, DType::float32, {2, 3}, {3, 1}).is_contiguous());
     EXPECT_FALSE(TensorView(buf, DType::float32, {3, 2}, {1, 3}).is_contiguous());
+    EXPECT_EQ(ms::shape_str({2, 3}), "(2, 3)");
+    EXPECT_EQ(ms::shape_str({5}), "(5,)");
+    EXPECT_EQ(ms::shape_str({}), "()");
+    EXPECT_EQ(ms::shape_str({2, 3}, ms::ShapeStyle::list), "[2, 3]");
+    EXPECT_EQ(ms::shape_str({5}, ms::ShapeStyle::list), "[5]");
+    EXPECT_EQ(ms::shape_str({}, ms::ShapeStyle::list), "[]");
+    EXPECT_EQ(ms::shape_str({2, 3, 4}, ms::ShapeStyle::dims), "2x3x4");
+    EXPECT_EQ(ms::shape_str({5}, ms::ShapeStyle::dims), "5");
+    EXPECT_EQ(ms::shape_str({}, ms::ShapeStyle::dims), "scalar");
     // A default-constructed Tensor holds nothing.
     EXPECT_TRUE(Tensor().empty());
     EXPECT_EQ(Tensor().nbytes(), 0u);

@@ -14,10 +14,9 @@ import os
 import resource
 import shutil
 import signal
-import struct
 import subprocess
 import time
-import zlib
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -369,35 +368,30 @@ def test_full_disk_leaves_old_result(model, tmp_path, where):
     assert r.returncode == 1 and not fresh.exists() and leftovers(fresh) == []
 
 
-def check_png(path, width=900, height=600):
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat = 8, b""
-    while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
-        assert zlib.crc32(kind + body) == struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0]
-        if kind == b"IHDR":
-            assert struct.unpack(">II", body[:8]) == (width, height)
-        idat += body if kind == b"IDAT" else b""
-        pos += 12 + n
-    assert len(zlib.decompress(idat)) == height * (1 + (width + 1) // 2)
+def check_svg(path, modes):
+    """The plot parses as SVG and holds one series (marker and label) per mode."""
+    svg = "{http://www.w3.org/2000/svg}"
+    root = ElementTree.parse(path).getroot()
+    assert root.tag == svg + "svg"
+    series = [g for g in root.iter(svg + "g") if g.get("class") == "series"]
+    assert [g.find(svg + "text").text for g in series] == modes
+    assert all(len(g.findall(svg + "circle")) == 1 for g in series)
 
 
 def test_eval_synthetic_and_model(model, tmp_path):
     src, _ = model
-    csv_path, png = tmp_path / "e.csv", tmp_path / "e.png"
-    r = run("eval", "--rows", 8, "--cols", 256, "--repeats", 1, "--csv", csv_path, "--png", png)
+    csv_path, svg = tmp_path / "e.csv", tmp_path / "e.svg"
+    r = run("eval", "--rows", 8, "--cols", 256, "--repeats", 1, "--csv", csv_path, "--svg", svg)
     rows = list(csv.DictReader(csv_path.open()))
     summary = [x for x in rows if x["matrix"] == "all"]
     assert len(summary) == len(microscale_modes(r.stdout)) >= 10
     assert {"bits_per_value", "rel_error", "sqnr_db", "quant_gelem_per_s", "size_bytes"} <= set(rows[0])
-    check_png(png)
-    r = run("eval", src, "--modes", "nvfp4-gs,mxfp4,affine4-g64", "--repeats", 1, "--csv", csv_path, "--png", png)
+    check_svg(svg, [x["mode"] for x in summary])
+    r = run("eval", src, "--modes", "nvfp4-gs,mxfp4,affine4-g64", "--repeats", 1, "--csv", csv_path, "--svg", svg)
     rows = list(csv.DictReader(csv_path.open()))
     assert [x["mode"] for x in rows] == ["nvfp4-gs", "mxfp4", "affine4-g64"]
     assert all(x["matrix"] == "model" and 0 < float(x["rel_error"]) < 0.2 for x in rows)
-    check_png(png)
+    check_svg(svg, ["nvfp4-gs", "mxfp4", "affine4-g64"])
 
 
 def microscale_modes(stdout):
