@@ -47,7 +47,8 @@ __all__ = [
     "num_threads",
 ]
 
-__version__ = "0.1.0"
+# One version: the project's (CMakeLists.txt), compiled into _core; pyproject.toml reads the same line.
+__version__ = _core.__version__
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)

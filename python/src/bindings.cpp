@@ -372,6 +372,8 @@ void bind_matmul(nb::module_& m);  // bind_matmul.cpp: quantized_matmul, qqmm, g
 
 NB_MODULE(_core, m) {
   m.doc() = "microscale C++ core (use the functions of the microscale package instead)";
+  // The project version (CMakeLists.txt), which is also the package's (pyproject.toml reads it).
+  m.attr("__version__") = MICROSCALE_VERSION;
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -233,6 +233,19 @@ def test_installed_command_and_python_m(tmp_path):
             and "absent" in bad.stderr, (how, bad.stderr)
 
 
+def test_version_has_one_source():
+    """The package metadata (pyproject reads CMakeLists.txt), microscale.__version__ (compiled into
+    _core) and the project version in CMakeLists.txt are one number."""
+    import importlib.metadata
+    import os
+    import re
+    cmake = os.path.join(os.path.dirname(__file__), "..", "..", "CMakeLists.txt")
+    with open(cmake, encoding="utf-8") as f:
+        project = re.search(r"project\(microscale VERSION ([0-9.]+)", f.read()).group(1)
+    assert microscale.__version__ == microscale._core.__version__ == project
+    assert importlib.metadata.version("microscale") == project
+
+
 def test_core_reads_dtypes_from_the_arrays():
     """Arrays cross into _core as they are, ml_dtypes.bfloat16 and float8 codes included, and
     come back in their dtype: no dtype names travel with them."""
