@@ -85,6 +85,10 @@ class _Layer(QuantizedWeight):
         self.input_amax = None
         self.elem = elem
 
+    # Layers compare and hash by identity, as objects holding arrays do.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
     # The layers' name for the packed values.
     @property
     def weight(self):
@@ -136,7 +140,7 @@ class QuantizedLinear(_Layer):
 
     @property
     def in_features(self):
-        return self.weight.shape[-1] * 8 // self.bits
+        return self.shape[-1]
 
     @property
     def out_features(self):
@@ -173,7 +177,7 @@ class QuantizedEmbedding(_Layer):
 
     @property
     def dims(self):
-        return self.weight.shape[-1] * 8 // self.bits
+        return self.shape[-1]
 
     def __call__(self, indices):
         """int32 / int64 / uint32 indices of any shape, each in ``[0, V)`` -> ``indices.shape +
@@ -245,7 +249,7 @@ class QQLinear(_Layer):
 
     @property
     def in_features(self):
-        return self.weight.shape[-1] * 8 // self.bits
+        return self.shape[-1]
 
     @property
     def out_features(self):

@@ -224,7 +224,7 @@ def test_layers_are_quantized_weights(tmp_path):
     w = rng.standard_normal((32, 64)).astype(np.float32)
     qq = microscale.QQLinear.from_linear(w).calibrate([rng.standard_normal((2, 64)).astype(np.float32)])
     assert isinstance(qq, microscale.QuantizedWeight) and qq.input_amax == qq.input_global_scale
-    assert qq.shape == (32, 64) and qq.packed is qq.weight
+    assert qq.shape == (32, 64) and qq.packed is qq.weight and qq in {qq}  # hashed by identity
     microscale.save_checkpoint(tmp_path, {"model.layers.0.mlp.up_proj": qq}, export="compressed-tensors")
     got = microscale.load_checkpoint(tmp_path).layers["model.layers.0.mlp.up_proj"]
     np.testing.assert_array_equal(got.packed, qq.weight)
