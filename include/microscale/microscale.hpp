@@ -5,7 +5,6 @@
 #include "microscale/dtype.hpp"
 #include "microscale/format.hpp"
 #include "microscale/io.hpp"
-#include "microscale/layers.hpp"
 #include "microscale/matmul.hpp"
 #include "microscale/quantize.hpp"
 #include "microscale/runtime.hpp"

@@ -47,7 +47,8 @@ __all__ = [
     "num_threads",
 ]
 
-__version__ = "0.1.0"
+# One version: the project's (CMakeLists.txt), compiled into _core; pyproject.toml reads the same line.
+__version__ = _core.__version__
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
@@ -88,26 +89,23 @@ def _as_array(a, what):
 
 
 def _float_input(a, what):
-    """(array for _core, dtype name) of a float32 / float16 / bfloat16 array."""
+    """The array for _core of a float32 / float16 / bfloat16 array (_core reads its dtype)."""
     arr = _as_array(a, what)
-    name = _FLOAT_NAMES.get(arr.dtype)
-    if name is None:
+    if arr.dtype not in _FLOAT_NAMES:
         raise TypeError(
             f"{what}: unsupported dtype {arr.dtype} (expected float32, float16 or "
             "ml_dtypes.bfloat16)")
-    if name == "bfloat16":
-        arr = arr.view(np.uint16)
-    return arr, name
+    return arr
 
 
 def _any_input(a, what, allowed):
-    """(array for _core, dtype name) for an array whose dtype name is in `allowed`."""
+    """(array for _core, dtype name) for an array whose dtype name is in `allowed`; the name is
+    for the checks here (ml_dtypes' 8-bit floats count as uint8 codes), _core reads the array's
+    own dtype."""
     arr = _as_array(a, what)
     if arr.dtype in _FLOAT_NAMES:
         name = _FLOAT_NAMES[arr.dtype]
-    elif arr.dtype in _BYTE_CODE_DTYPES:
-        arr, name = arr.view(np.uint8), "uint8"
-    elif arr.dtype == np.uint8:
+    elif arr.dtype in _BYTE_CODE_DTYPES or arr.dtype == np.uint8:
         name = "uint8"
     elif arr.dtype == np.uint32:
         name = "uint32"
@@ -116,20 +114,12 @@ def _any_input(a, what, allowed):
     if name not in allowed:
         raise TypeError(f"{what}: unsupported dtype {arr.dtype} (expected one of "
                         f"{', '.join(sorted(allowed))})")
-    if name == "bfloat16":
-        arr = arr.view(np.uint16)
     return arr, name
 
 
 def _c_contig(arr):
     # (np.ascontiguousarray would turn a 0-d array into shape (1,).)
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
-
-
-def _out(pair):
-    """An array returned by _core: bfloat16 results arrive as uint16 bits."""
-    arr, name = pair
-    return arr.view(_BF16) if name == "bfloat16" else arr
 
 
 def _str(v, what):
@@ -169,6 +159,25 @@ def _global_scale_arg(g):
             v = arr.reshape(()).astype(np.float32)
         return float(v)  # exact: a float32 value as a Python float
     raise TypeError(f"global_scale: unsupported dtype {arr.dtype}")
+
+
+def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propagate",
+          layout="compact", elem="e4m3", global_scale=None):
+    """The _core.QuantSpec of these arguments: types checked here, names parsed (and refused,
+    ValueError) by the C++ enums' from_name."""
+    mode = _str(mode, "mode")
+    group_size = _opt_int(group_size, "group_size")
+    bits = _opt_int(bits, "bits")
+    scale_rule = _str(scale_rule, "scale_rule")
+    nonfinite = _str(nonfinite, "nonfinite")
+    layout = _str(layout, "layout")
+    elem = _str(elem, "elem")
+    global_scale = _global_scale_arg(global_scale)
+    return _core.QuantSpec(
+        mode=_core.Mode.from_name(mode), group_size=group_size, bits=bits,
+        scale_rule=_core.ScaleRule.from_name(scale_rule),
+        nonfinite=_core.NonFinite.from_name(nonfinite), layout=_core.Layout.from_name(layout),
+        elem=_core.Elem.from_name(elem), global_scale=global_scale)
 
 
 def _dtype_name(dtype):
@@ -221,14 +230,12 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
       ``(w_q, scales)`` for the fp modes and ``(w_q, scales, biases)`` for affine: ``w_q`` uint8
       ``[..., K*bits/8]``; fp-mode scales uint8 codes; affine scales and biases in w's dtype.
     """
-    arr, name = _float_input(w, "w")
-    packed, scales, biases, _, _ = _core.quantize(
-        arr, name, _str(mode, "mode"), _opt_int(group_size, "group_size"),
-        _opt_int(bits, "bits"), _str(scale_rule, "scale_rule"), _str(nonfinite, "nonfinite"),
-        _str(layout, "layout"), _str(elem, "elem"), _global_scale_arg(global_scale))
-    if biases is None:
-        return _out(packed), _out(scales)
-    return _out(packed), _out(scales), _out(biases)
+    arr = _float_input(w, "w")
+    q = _core.quantize(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem,
+                                  global_scale))
+    if q.biases is None:
+        return q.packed, q.scales
+    return q.packed, q.scales, q.biases
 
 
 def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype="float32",
@@ -260,41 +267,33 @@ def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype=
             raise ValueError("w_q must have rank >= 1")
         pw = _c_contig(pw).astype("<u4", copy=False)
         pw = pw.view(np.uint8).reshape(pw.shape[:-1] + (pw.shape[-1] * 4,))
-        pname = "uint8"
-    sw, sname = _any_input(scales, "scales", {"uint8", "float32", "float16", "bfloat16"})
-    if biases is None:
-        bw, bname = None, ""
-    else:
-        bw, bname = _any_input(biases, "biases", {"float32", "float16", "bfloat16"})
-    y = _core.dequantize(
-        pw, pname, sw, sname, bw, bname, _str(mode, "mode"), _opt_int(group_size, "group_size"),
-        _opt_int(bits, "bits"), _str(scale_rule, "scale_rule"), _str(nonfinite, "nonfinite"),
-        _str(layout, "layout"), _str(elem, "elem"), _global_scale_arg(global_scale), out_name)
-    return _out(y)
+    sw, _ = _any_input(scales, "scales", {"uint8", "float32", "float16", "bfloat16"})
+    bw = None if biases is None else _any_input(biases, "biases", {"float32", "float16", "bfloat16"})[0]
+    spec = _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale)
+    return _core.dequantize(pw, sw, bw, spec, _core.DType[out_name])
 
 
 def global_scale(w):
     """The tensor amax of ``w`` as ``np.float32``, ignoring NaN and +-Inf (0 if no finite value):
     the value nvfp4 takes as ``global_scale``."""
-    arr, name = _float_input(w, "w")
-    return np.float32(_core.global_scale(arr, name))
+    return np.float32(_core.global_scale(_float_input(w, "w")))
 
 
 def swizzle_scales(scales):
     """Compact uint8 scales ``[R, C]`` (leading axes of higher ranks are flattened into R) to the
     swizzled ``[roundup(R,128), roundup(C,4)]`` layout of FORMATS.md section 4, zero-padded."""
-    arr, name = _any_input(scales, "scales", {"uint8"})
-    return _out(_core.swizzle_scales(arr, name))
+    arr, _ = _any_input(scales, "scales", {"uint8"})
+    return _core.swizzle_scales(arr)
 
 
 def unswizzle_scales(scales, rows, cols):
     """Inverse of :func:`swizzle_scales`: the compact ``[rows, cols]`` uint8 scales."""
-    arr, name = _any_input(scales, "scales", {"uint8"})
+    arr, _ = _any_input(scales, "scales", {"uint8"})
     r = operator.index(rows)
     c = operator.index(cols)
     if r < 0 or c < 0:
         raise ValueError(f"rows and cols must be >= 0, got {r}, {c}")
-    return _out(_core.unswizzle_scales(arr, name, r, c))
+    return _core.unswizzle_scales(arr, r, c)
 
 
 _ENCODE_FORMATS = ("e2m1", "e4m3", "e5m2", "e8m0", "bf16", "f16")
@@ -325,10 +324,8 @@ def encode(x, fmt):
     are IEEE (overflow -> Inf).
     """
     fmt = _fmt_name(fmt)
-    arr, name = _float_input(x, "x")
-    if name == "bfloat16":
-        arr = arr.view(_BF16)
-    if name != "float32":
+    arr = _float_input(x, "x")
+    if arr.dtype != _F32:
         arr = arr.astype(np.float32)
     arr = _c_contig(arr)
     return _core.encode(arr, fmt).reshape(arr.shape)

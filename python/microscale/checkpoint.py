@@ -26,83 +26,22 @@ import ml_dtypes
 import numpy as np
 
 from . import _core
+from .weight import QuantizedWeight
 
 __all__ = ["QuantizedWeight", "LoadedCheckpoint", "load_checkpoint", "save_checkpoint"]
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 # safetensors dtype names <-> numpy dtypes (F4/F6 have no numpy type: returned as raw uint8 bytes).
 _ST_TO_NP = {
     "BOOL": np.dtype(np.bool_), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8),
     "I16": np.dtype(np.int16), "U16": np.dtype(np.uint16), "I32": np.dtype(np.int32),
     "U32": np.dtype(np.uint32), "I64": np.dtype(np.int64), "U64": np.dtype(np.uint64),
-    "F16": np.dtype(np.float16), "BF16": _BF16, "F32": np.dtype(np.float32), "F64": np.dtype(np.float64),
-    "C64": np.dtype(np.complex64),
+    "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16), "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64), "C64": np.dtype(np.complex64),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
     "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz), "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
 }
 _NP_TO_ST = {v: k for k, v in _ST_TO_NP.items()}
-_FLOAT_NAME = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", _BF16: "bfloat16"}
-
-
-def _bits(arr):
-    """(array, microscale dtype name) with bfloat16 passed as its uint16 bits."""
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype == _BF16:
-        return arr.view(np.uint16), "bfloat16"
-    if arr.dtype in _FLOAT_NAME:
-        return arr, _FLOAT_NAME[arr.dtype]
-    if arr.dtype.itemsize == 1:  # uint8 codes, or ml_dtypes float8 views of them
-        return arr.view(np.uint8), "uint8"
-    raise TypeError(f"unsupported array dtype {arr.dtype}")
-
-
-def _out(pair):
-    arr, name = pair
-    return arr.view(_BF16) if name == "bfloat16" else arr
-
-
-@dataclass
-class QuantizedWeight:
-    """One quantized 2-D weight ``[N, K]`` (a Linear layer's), as ``microscale.quantize`` returns it.
-
-    packed: uint8 ``[N, K*bits/8]``; scales: uint8 codes (fp modes) or the weight's float dtype
-    (affine) ``[N, K/group_size]``; biases: affine only. global_scale: nvfp4 tensor amax
-    (three-level) or None (two-level). input_amax: static activation amax (W4A4), if any.
-    """
-
-    packed: np.ndarray
-    scales: np.ndarray
-    biases: Optional[np.ndarray]
-    mode: str
-    group_size: int
-    bits: int
-    shape: tuple
-    global_scale: Optional[float] = None
-    input_amax: Optional[float] = None
-
-    @classmethod
-    def from_float(cls, w, mode="nvfp4", group_size=None, bits=None, global_scale=False, **kwargs):
-        """Quantize a float ``[N, K]`` weight. ``global_scale=True`` uses the tensor amax
-        (three-level nvfp4); a number is taken as the amax."""
-        from . import global_scale as amax_of, quantize
-
-        g = None
-        if mode == "nvfp4" and global_scale is not False and global_scale is not None:
-            g = amax_of(w) if global_scale is True else global_scale
-        out = quantize(w, mode=mode, group_size=group_size, bits=bits, global_scale=g, **kwargs)
-        packed, scales, biases = (out + (None,))[:3]
-        w = np.asarray(w)
-        k = w.shape[-1]
-        gs = scales.shape[-1]
-        return cls(packed, scales, biases, mode, k // gs, packed.shape[-1] * 8 // k, tuple(w.shape),
-                   None if g is None else float(np.float32(g)))
-
-    def dequantize(self, dtype="float32"):
-        from . import dequantize
-
-        return dequantize(self.packed, self.scales, self.biases, mode=self.mode, group_size=self.group_size,
-                          bits=self.bits, global_scale=self.global_scale, dtype=dtype)
 
 
 @dataclass
@@ -119,14 +58,14 @@ class LoadedCheckpoint:
 def load_checkpoint(path) -> LoadedCheckpoint:
     """Read a model directory (config.json + safetensors shards), an index .json or a .safetensors
     file in compressed-tensors, ModelOpt or MLX layout (or unquantized)."""
-    convention, layers, tensors, config = _core.load_checkpoint(str(path))
-    ck = LoadedCheckpoint(format=convention, config=json.loads(config) if config else None)
-    for module, mode, gs, bits, g, shape, packed, scales, biases, act in layers:
-        ck.layers[module] = QuantizedWeight(_out(packed), _out(scales), None if biases is None else _out(biases),
-                                            mode, gs, bits, tuple(shape), g, act)
-    for name, st, shape, raw in tensors:
-        dt = _ST_TO_NP.get(st)
-        ck.tensors[name] = raw.view(dt).reshape(shape) if dt is not None else raw
+    data = _core.load_checkpoint(str(path))
+    ck = LoadedCheckpoint(format=data.convention,
+                          config=json.loads(data.config_json) if data.config_json else None)
+    for layer in data.layers:
+        ck.layers[layer.module] = QuantizedWeight._from_core(layer.weight, layer.input_amax)
+    for t in data.tensors:
+        dt = _ST_TO_NP.get(t.dtype)
+        ck.tensors[t.name] = t.data.view(dt).reshape(t.shape) if dt is not None else t.data
     return ck
 
 
@@ -184,19 +123,15 @@ def save_checkpoint(path, layers, tensors=None, config=None, export="mlx", force
     if not isinstance(export, str):
         raise TypeError(f"export must be a string, got {type(export).__name__}")
     _check_input_amax(layers, export)
-    lt = []
+    data = _core.CheckpointData()
     for module, q in layers.items():
-        p, pn = _bits(q.packed)
-        s, sn = _bits(q.scales)
-        b, bn = (None, "") if q.biases is None else _bits(q.biases)
-        lt.append((module, q.mode, int(q.group_size), int(q.bits),
-                   None if q.global_scale is None else float(q.global_scale), [int(d) for d in q.shape],
-                   p, pn, s, sn, b, bn, None if q.input_amax is None else float(q.input_amax)))
-    tt = []
+        data.add_layer(_core.QuantizedLayer(module, q._to_core(),
+                                            None if q.input_amax is None else float(q.input_amax)))
     for name, a in (tensors or {}).items():
         a = np.ascontiguousarray(a)
         st = _NP_TO_ST.get(a.dtype)
         if st is None:
             raise TypeError(f"tensors[{name!r}]: dtype {a.dtype} has no safetensors name")
-        tt.append((name, st, [int(d) for d in a.shape], a.reshape(-1).view(np.uint8)))
-    _core.save_checkpoint(str(path), lt, tt, export, json.dumps(config) if config is not None else "", bool(force))
+        data.add_tensor(name, st, [int(d) for d in a.shape], a.reshape(-1).view(np.uint8))
+    data.config_json = json.dumps(config) if config is not None else ""
+    _core.save_checkpoint(str(path), data, _core.Convention.from_name(export), bool(force))

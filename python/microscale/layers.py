@@ -1,7 +1,7 @@
-"""Inference layers over the quantized products, with the semantics of the C++ layers
-(include/microscale/layers.hpp). Their quantized parts are plain numpy attributes (``weight``
-packed uint8, ``scales``, ``biases``, ``global_scale``, ``bias``) next to ``mode``,
-``group_size`` and ``bits``, so they can be inspected or saved as they are.
+"""Inference layers over the quantized products. Each is a :class:`microscale.QuantizedWeight`
+(``weight`` is its ``packed`` uint8, next to ``scales``, ``biases``, ``global_scale``, ``mode``,
+``group_size``, ``bits`` and ``elem``) with a float ``bias`` and a product, so its quantized
+parts can be inspected, or saved with :func:`microscale.save_checkpoint`, as they are.
 
 >>> import numpy as np, microscale
 >>> rng = np.random.default_rng(0)
@@ -18,38 +18,36 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import (_NAME_TO_DTYPE, _core, _dtype_name, _float_input, _global_scale_arg, _opt_int, _out,
-               _str, dequantize, global_scale)
+from . import (_NAME_TO_DTYPE, _core, _dtype_name, _float_input, _global_scale_arg, _spec, _str,
+               dequantize, global_scale)
 from .matmul import _indices, qqmm, quantized_matmul
+from .weight import QuantizedWeight
 
 __all__ = ["QuantizedLinear", "QuantizedEmbedding", "QQLinear"]
 
 
 def _quantize_weight(weight, layer, mode, group_size, bits, global_scale_, use_global_scale,
                      scale_rule, nonfinite, elem):
-    """Quantize a 2-D float weight as the C++ layers do: compact scales, and for nvfp4 the
-    weight's own amax as global scale unless one is given or use_global_scale is False."""
-    arr, name = _float_input(weight, f"{layer}: weight")
+    """Quantize a 2-D float weight for a layer: compact scales, and for nvfp4 the weight's own
+    amax as global scale unless one is given or use_global_scale is False."""
+    arr = _float_input(weight, f"{layer}: weight")
     if arr.ndim != 2:
         raise ValueError(f"{layer}: weight must be 2-D, got shape {arr.shape}")
     mode = _str(mode, "mode")
     if mode == "nvfp4" and use_global_scale and global_scale_ is None:
         global_scale_ = global_scale(weight)
     gs = _global_scale_arg(global_scale_)
-    packed, scales, biases, group_size, bits = _core.quantize(
-        arr, name, mode, _opt_int(group_size, "group_size"), _opt_int(bits, "bits"),
-        _str(scale_rule, "scale_rule"), _str(nonfinite, "nonfinite"), "compact", _str(elem, "elem"),
-        gs)
-    return dict(weight=_out(packed), scales=_out(scales),
-                biases=None if biases is None else _out(biases), mode=mode, group_size=group_size,
-                bits=bits, global_scale=None if gs is None else np.float32(gs), elem=elem)
+    q = _core.quantize(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, "compact", elem, gs))
+    return dict(weight=q.packed, scales=q.scales, biases=q.biases, mode=mode,
+                group_size=q.spec.group_size, bits=q.spec.bits,
+                global_scale=None if gs is None else np.float32(gs), elem=elem)
 
 
 def _copy_bias(bias, n, layer):
     """A copy of a float ``[n]`` bias in the dtype it was given in, or None."""
     if bias is None:
         return None
-    arr, _ = _float_input(bias, f"{layer}: bias")
+    arr = _float_input(bias, f"{layer}: bias")
     if arr.shape != (n,):
         raise ValueError(f"{layer}: bias must have shape ({n},), got {arr.shape}")
     return np.array(bias, copy=True)
@@ -69,12 +67,13 @@ def _activation_amax(value, what):
 _DEFAULTS = {"nvfp4": (16, 4), "mxfp4": (32, 4), "mxfp8": (32, 8), "affine": (64, 4)}
 
 
-class _QuantizedWeight:
-    """Holds a quantized 2-D weight [rows, K] and the arguments that decode it."""
+class _Layer(QuantizedWeight):
+    """A layer's quantized 2-D weight [rows, K]: built from its parts, with the mode's default
+    group size and bits where they are None."""
 
     def __init__(self, weight, scales, biases=None, mode="nvfp4", group_size=None, bits=None,
                  global_scale=None, elem="e4m3"):
-        self.weight = np.asarray(weight)
+        self.packed = np.asarray(weight)
         self.scales = np.asarray(scales)
         self.biases = None if biases is None else np.asarray(biases)
         self.mode = _str(mode, "mode")
@@ -83,7 +82,26 @@ class _QuantizedWeight:
         self.bits = default_bits if bits is None else bits
         self.global_scale = None if global_scale is None else np.float32(
             _global_scale_arg(global_scale))
+        self.input_amax = None
         self.elem = elem
+
+    # Layers compare and hash by identity, as objects holding arrays do.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    # The layers' name for the packed values.
+    @property
+    def weight(self):
+        return self.packed
+
+    @weight.setter
+    def weight(self, value):
+        self.packed = value
+
+    @property
+    def shape(self):
+        """The logical ``[rows, K]``, from the packed width and bits."""
+        return tuple(self.packed.shape[:-1]) + (self.packed.shape[-1] * 8 // self.bits,)
 
     def _matmul(self, x, bias=None):
         return quantized_matmul(x, self.weight, self.scales, self.biases, True, self.mode,
@@ -95,7 +113,7 @@ class _QuantizedWeight:
                 f"global_scale={self.global_scale})")
 
 
-class QuantizedLinear(_QuantizedWeight):
+class QuantizedLinear(_Layer):
     """``y = x @ W^T + bias`` with W ``[out_features, in_features]`` quantized once.
 
     Build with :meth:`from_linear`, or from existing parts (e.g. a checkpoint) with the
@@ -122,7 +140,7 @@ class QuantizedLinear(_QuantizedWeight):
 
     @property
     def in_features(self):
-        return self.weight.shape[-1] * 8 // self.bits
+        return self.shape[-1]
 
     @property
     def out_features(self):
@@ -135,7 +153,7 @@ class QuantizedLinear(_QuantizedWeight):
     forward = __call__
 
 
-class QuantizedEmbedding(_QuantizedWeight):
+class QuantizedEmbedding(_Layer):
     """Row lookup in a quantized ``[V, D]`` table; only the selected rows are dequantized.
     :meth:`as_linear` multiplies by the table's transpose (tied output heads)."""
 
@@ -159,12 +177,12 @@ class QuantizedEmbedding(_QuantizedWeight):
 
     @property
     def dims(self):
-        return self.weight.shape[-1] * 8 // self.bits
+        return self.shape[-1]
 
     def __call__(self, indices):
         """int32 / int64 / uint32 indices of any shape, each in ``[0, V)`` -> ``indices.shape +
         (D,)`` in the table's dtype, equal to the dequantized table's rows."""
-        idx, _ = _indices(indices, "QuantizedEmbedding: indices")
+        idx = _indices(indices, "QuantizedEmbedding: indices")
         if idx is None:
             raise TypeError("QuantizedEmbedding: indices must be an integer array, got None")
         flat = idx.reshape(-1)
@@ -184,7 +202,7 @@ class QuantizedEmbedding(_QuantizedWeight):
         return self._matmul(x)
 
 
-class QQLinear(_QuantizedWeight):
+class QQLinear(_Layer):
     """``y = x @ W^T + bias`` with both operands quantized (nvfp4, mxfp4, mxfp8): the weight
     once, the activations on every call, exactly as :func:`qqmm` does.
 
@@ -205,6 +223,15 @@ class QQLinear(_QuantizedWeight):
         self.scale_rule = scale_rule
         self.nonfinite = nonfinite
 
+    # The static activation amax is the weight's input_amax, which checkpoints store (W4A4).
+    @property
+    def input_global_scale(self):
+        return self.input_amax
+
+    @input_global_scale.setter
+    def input_global_scale(self, value):
+        self.input_amax = value
+
     @classmethod
     def from_linear(cls, weight, bias=None, mode="nvfp4", group_size=None, bits=None,
                     global_scale=None, scale_rule="ceil", nonfinite="propagate", elem="e4m3"):
@@ -222,7 +249,7 @@ class QQLinear(_QuantizedWeight):
 
     @property
     def in_features(self):
-        return self.weight.shape[-1] * 8 // self.bits
+        return self.shape[-1]
 
     @property
     def out_features(self):
@@ -237,7 +264,7 @@ class QQLinear(_QuantizedWeight):
         amax = None
         for i, batch in enumerate(batches):
             what = f"QQLinear.calibrate: batches[{i}]"
-            arr, _ = _float_input(batch, what)
+            arr = _float_input(batch, what)
             if arr.ndim == 0 or arr.shape[-1] != k:
                 raise ValueError(f"{what} must have shape [..., {k}] (in_features), got {arr.shape}")
             # global_scale skips NaN and Inf, so a damaged batch would calibrate on its finite

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import (_FLOAT_NAMES, _any_input, _as_array, _c_contig, _core, _float_input,
-               _global_scale_arg, _opt_int, _out, _str)
+from . import _FLOAT_NAMES, _any_input, _as_array, _c_contig, _core, _float_input, _global_scale_arg, _spec
 
 __all__ = ["quantized_matmul", "qqmm", "gather_qmm"]
 
-_INDEX_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64",
-                 np.dtype(np.uint32): "uint32"}
+_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.uint32))
 
 
 def _packed(w_q, what="w_q"):
@@ -41,21 +39,20 @@ def _packed(w_q, what="w_q"):
 
 
 def _optional(a, what, allowed):
-    """(array, dtype name) or (None, "") for an optional argument."""
+    """The array of an optional argument, or None."""
     if a is None:
-        return None, ""
-    return _any_input(a, what, allowed)
+        return None
+    return _any_input(a, what, allowed)[0]
 
 
 def _indices(a, what):
-    """(array, dtype name) of an int32 / int64 / uint32 index array, or (None, "")."""
+    """An int32 / int64 / uint32 index array, or None."""
     if a is None:
-        return None, ""
+        return None
     arr = _as_array(a, what)
-    name = _INDEX_DTYPES.get(arr.dtype)
-    if name is None:
+    if arr.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{what}: unsupported dtype {arr.dtype} (expected int32, int64 or uint32)")
-    return arr, name
+    return arr
 
 
 _FLOATS = {"float32", "float16", "bfloat16"}
@@ -81,14 +78,14 @@ def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", 
     Returns:
       ``[..., M, N]`` in x's dtype; affine: float32 unless x and the scales share a half dtype.
     """
-    xa, xname = _float_input(x, "x")
-    sa, sname = _any_input(scales, "scales", _SCALES)
-    ba, bname = _optional(biases, "biases", _FLOATS)
-    ya, yname = _optional(bias, "bias", _FLOATS)
-    return _out(_core.quantized_matmul(
-        xa, xname, _packed(w_q), sa, sname, ba, bname, bool(transpose), _str(mode, "mode"),
-        _opt_int(group_size, "group_size"), _opt_int(bits, "bits"), _str(elem, "elem"),
-        _global_scale_arg(global_scale_w), ya, yname))
+    xa = _float_input(x, "x")
+    sa, _ = _any_input(scales, "scales", _SCALES)
+    ba = _optional(biases, "biases", _FLOATS)
+    ya = _optional(bias, "bias", _FLOATS)
+    wa = _packed(w_q)
+    transpose = bool(transpose)
+    spec = _spec(mode, group_size, bits, elem=elem, global_scale=global_scale_w)
+    return _core.quantized_matmul(xa, wa, sa, ba, transpose, spec, ya)
 
 
 def qqmm(x, w, scales=None, mode="nvfp4", group_size=None, bits=None, global_scale_x=None,
@@ -103,22 +100,20 @@ def qqmm(x, w, scales=None, mode="nvfp4", group_size=None, bits=None, global_sca
     multiplied by ``(global_scale_x * global_scale_w) / 2688**2``. Returns ``[..., N]`` in x's
     dtype; optional float ``bias [N]`` is added before rounding.
     """
-    xa, xname = _float_input(x, "x")
+    xa = _float_input(x, "x")
     w_arr = _as_array(w, "w")
     if w_arr.dtype in _FLOAT_NAMES:
-        wa, wname = _float_input(w_arr, "w")
+        wa = _float_input(w_arr, "w")
     elif w_arr.dtype in (np.uint8, np.uint32):
-        wa, wname = _packed(w_arr, "w"), "uint8"
+        wa = _packed(w_arr, "w")
     else:
         raise TypeError(f"w: unsupported dtype {w_arr.dtype} (expected float32, float16, "
                         "ml_dtypes.bfloat16, or packed uint8 / uint32)")
-    sa, _ = _optional(scales, "scales", {"uint8"})
-    ya, yname = _optional(bias, "bias", _FLOATS)
-    return _out(_core.qqmm(
-        xa, xname, wa, wname, sa, _str(mode, "mode"), _opt_int(group_size, "group_size"),
-        _opt_int(bits, "bits"), _str(scale_rule, "scale_rule"), _str(nonfinite, "nonfinite"),
-        _str(elem, "elem"), _global_scale_arg(global_scale_x), _global_scale_arg(global_scale_w),
-        ya, yname))
+    sa = _optional(scales, "scales", {"uint8"})
+    ya = _optional(bias, "bias", _FLOATS)
+    spec = _spec(mode, group_size, bits, scale_rule, nonfinite, elem=elem)
+    return _core.qqmm(xa, wa, sa, spec, _global_scale_arg(global_scale_x),
+                      _global_scale_arg(global_scale_w), ya)
 
 
 def gather_qmm(x, w_q, scales, biases=None, lhs_indices=None, rhs_indices=None, transpose=True,
@@ -134,12 +129,12 @@ def gather_qmm(x, w_q, scales, biases=None, lhs_indices=None, rhs_indices=None, 
     it. Other arguments as in :func:`quantized_matmul`; for top-k routing pass x as
     ``[T, 1, 1, K]`` and ``rhs_indices`` as ``[T, k]``.
     """
-    xa, xname = _float_input(x, "x")
-    sa, sname = _any_input(scales, "scales", _SCALES)
-    ba, bname = _optional(biases, "biases", _FLOATS)
-    la, lname = _indices(lhs_indices, "lhs_indices")
-    ra, rname = _indices(rhs_indices, "rhs_indices")
-    return _out(_core.gather_qmm(
-        xa, xname, _packed(w_q), sa, sname, ba, bname, la, lname, ra, rname, bool(transpose),
-        _str(mode, "mode"), _opt_int(group_size, "group_size"), _opt_int(bits, "bits"),
-        _str(elem, "elem"), _global_scale_arg(global_scale_w), bool(sorted_indices)))
+    xa = _float_input(x, "x")
+    sa, _ = _any_input(scales, "scales", _SCALES)
+    ba = _optional(biases, "biases", _FLOATS)
+    la = _indices(lhs_indices, "lhs_indices")
+    ra = _indices(rhs_indices, "rhs_indices")
+    wa = _packed(w_q)
+    transpose = bool(transpose)
+    spec = _spec(mode, group_size, bits, elem=elem, global_scale=global_scale_w)
+    return _core.gather_qmm(xa, wa, sa, ba, la, ra, transpose, spec, bool(sorted_indices))

@@ -1,21 +1,20 @@
 // microscale._core: a thin nanobind layer over the C++ API. Argument handling (dtype checks,
-// bfloat16 views, defaults) lives in python/microscale/__init__.py; this file only turns numpy
-// arrays into microscale::TensorView (strides in elements, so non-contiguous inputs are read in
-// place) and microscale::Tensor results into numpy arrays that own them.
-//
-// Every array crosses together with a dtype name ("float32", "float16", "bfloat16", "uint8", ...);
-// bfloat16 travels as uint16 bits in both directions. microscale::Error becomes ValueError.
+// defaults, messages) lives in python/microscale/__init__.py; this file binds the value types
+// (QuantSpec and its enums, Quantized, the checkpoint's QuantizedLayer / RawTensor /
+// CheckpointData) and turns numpy arrays into microscale::TensorView (dtype read from the array,
+// strides in elements, so non-contiguous inputs are read in place) and microscale::Tensor results
+// into numpy arrays sharing their buffers (convert.hpp). microscale::Error becomes ValueError.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
-#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -32,68 +31,40 @@ using namespace msbind;  // NOLINT: the shared array conversions (convert.hpp)
 
 namespace {
 
-nb::tuple py_quantize(const InArray& x, const std::string& x_dtype, const std::string& mode,
-                      int group_size, int bits, const std::string& scale_rule,
-                      const std::string& nonfinite, const std::string& layout,
-                      const std::string& elem, std::optional<double> global_scale) {
-  const ms::QuantSpec spec =
-      make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale);
-  const ms::TensorView xv = view_of(x, x_dtype, "w");
-  ms::Quantized q;
-  {
-    nb::gil_scoped_release release;
-    q = ms::quantize(xv, spec);
-  }
-  nb::object biases = nb::none();
-  if (q.spec.mode == ms::Mode::affine) biases = nb::cast(to_numpy(std::move(q.biases)));
-  return nb::make_tuple(to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)), biases,
-                        q.spec.group_size, q.spec.bits);
+ms::Quantized py_quantize(const Array& x, const ms::QuantSpec& spec) {
+  nb::gil_scoped_release release;
+  return ms::quantize(x.view, spec);
 }
 
-Out py_dequantize(const InArray& packed, const std::string& packed_dtype, const InArray& scales,
-                  const std::string& scales_dtype, const std::optional<InArray>& biases,
-                  const std::string& biases_dtype, const std::string& mode, int group_size,
-                  int bits, const std::string& scale_rule, const std::string& nonfinite,
-                  const std::string& layout, const std::string& elem,
-                  std::optional<double> global_scale, const std::string& out_dtype) {
-  const ms::QuantSpec spec =
-      make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale);
-  const ms::DType dt = ms::dtype_from_name(out_dtype);
-  const ms::TensorView pv = view_of(packed, packed_dtype, "w_q");
-  const ms::TensorView sv = view_of(scales, scales_dtype, "scales");
-  std::optional<ms::TensorView> bv;
-  if (biases) bv = view_of(*biases, biases_dtype, "biases");
+nb::object py_dequantize(const Array& packed, const Array& scales, const std::optional<Array>& biases,
+                         const ms::QuantSpec& spec, ms::DType dtype) {
   ms::Tensor y;
   {
     nb::gil_scoped_release release;
-    y = ms::dequantize(pv, sv, bv ? &*bv : nullptr, spec, dt);
+    y = ms::dequantize(packed.view, scales.view, view_or_null(biases), spec, dtype);
   }
   return to_numpy(std::move(y));
 }
 
-double py_global_scale(const InArray& x, const std::string& x_dtype) {
-  const ms::TensorView xv = view_of(x, x_dtype, "w");
+float py_global_scale(const Array& x) {
   nb::gil_scoped_release release;
-  return static_cast<double>(ms::global_scale(xv));
+  return ms::global_scale(x.view);
 }
 
-Out py_swizzle(const InArray& s, const std::string& s_dtype) {
-  const ms::TensorView sv = view_of(s, s_dtype, "scales");
+nb::object py_swizzle(const Array& s) {
   ms::Tensor t;
   {
     nb::gil_scoped_release release;
-    t = ms::swizzle_scales(sv);
+    t = ms::swizzle_scales(s.view);
   }
   return to_numpy(std::move(t));
 }
 
-Out py_unswizzle(const InArray& s, const std::string& s_dtype, std::int64_t rows,
-                 std::int64_t cols) {
-  const ms::TensorView sv = view_of(s, s_dtype, "scales");
+nb::object py_unswizzle(const Array& s, std::int64_t rows, std::int64_t cols) {
   ms::Tensor t;
   {
     nb::gil_scoped_release release;
-    t = ms::unswizzle_scales(sv, rows, cols);
+    t = ms::unswizzle_scales(s.view, rows, cols);
   }
   return to_numpy(std::move(t));
 }
@@ -118,17 +89,6 @@ ms::Shape shape_of(const InArray& a) {
   return shape;
 }
 
-void require_contiguous(const InArray& a, const char* what) {
-  if (a.size() == 0) return;
-  std::int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) {
-      throw ms::Error(std::string(what) + ": internal: array must be C-contiguous");
-    }
-    expect *= static_cast<std::int64_t>(a.shape(i));
-  }
-}
-
 // A numpy array owning a std::vector (for results with no microscale::DType, such as uint16).
 template <class T>
 nb::object vector_to_numpy(std::vector<T> v, const ms::Shape& shape_in) {
@@ -140,10 +100,11 @@ nb::object vector_to_numpy(std::vector<T> v, const ms::Shape& shape_in) {
   return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), cap).cast();
 }
 
-nb::object py_encode(const InArray& x, const std::string& fmt_name) {
+nb::object py_encode(const Array& x, const std::string& fmt_name) {
   const Fmt fmt = fmt_from_name(fmt_name);
-  const ms::TensorView xv = view_of(x, "float32", "x");
-  require_contiguous(x, "x");
+  const ms::TensorView& xv = x.view;
+  if (xv.dtype != ms::DType::float32) throw ms::Error("x: internal: encode takes float32");
+  require_contiguous(x.keep, "x");
   const auto* src = static_cast<const float*>(xv.data);
   const auto n = static_cast<size_t>(xv.numel());
   if (fmt == Fmt::bf16 || fmt == Fmt::f16) {
@@ -229,11 +190,76 @@ std::string py_backend() { return ms::backend() == ms::Backend::cpu ? "cpu" : "r
 
 }  // namespace
 
+
+// ---- the value types -------------------------------------------------------------------------
+// Enums by the names the C++ API prints (ms::name); from_name parses them with its messages.
+template <class E>
+nb::enum_<E> bind_enum(nb::module_& m, const char* type_name, std::initializer_list<E> values,
+                       E (*from_name)(const std::string&)) {
+  nb::enum_<E> e(m, type_name);
+  for (E v : values) e.value(ms::name(v), v);
+  e.def_static("from_name", from_name, nb::arg("name"));
+  return e;
+}
+
+void bind_types(nb::module_& m) {
+  using ms::Elem, ms::Layout, ms::Mode, ms::NonFinite, ms::ScaleRule;
+  bind_enum(m, "Mode", {Mode::nvfp4, Mode::mxfp4, Mode::mxfp8, Mode::affine}, &ms::mode_from_name);
+  bind_enum(m, "ScaleRule", {ScaleRule::ceil, ScaleRule::floor, ScaleRule::even, ScaleRule::nearest},
+            &ms::scale_rule_from_name);
+  bind_enum(m, "NonFinite", {NonFinite::propagate, NonFinite::error, NonFinite::saturate},
+            &ms::nonfinite_from_name);
+  bind_enum(m, "Layout", {Layout::compact, Layout::swizzled}, &ms::layout_from_name);
+  bind_enum(m, "Elem", {Elem::e4m3, Elem::e5m2}, &ms::elem_from_name);
+  nb::enum_<ms::DType> dtype(m, "DType");
+  for (ms::DType t : {ms::DType::float32, ms::DType::float16, ms::DType::bfloat16, ms::DType::uint8,
+                      ms::DType::uint32, ms::DType::int32, ms::DType::int64}) {
+    dtype.value(ms::dtype_name(t), t);
+  }
+
+  nb::class_<ms::QuantSpec>(m, "QuantSpec")
+      .def(
+          "__init__",
+          [](ms::QuantSpec* s, Mode mode, int group_size, int bits, ScaleRule scale_rule, NonFinite nonfinite,
+             Layout layout, Elem elem, std::optional<float> global_scale) {
+            new (s) ms::QuantSpec{mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale};
+          },
+          nb::kw_only(), nb::arg("mode") = Mode::nvfp4, nb::arg("group_size") = 0, nb::arg("bits") = 0,
+          nb::arg("scale_rule") = ScaleRule::ceil, nb::arg("nonfinite") = NonFinite::propagate,
+          nb::arg("layout") = Layout::compact, nb::arg("elem") = Elem::e4m3,
+          nb::arg("global_scale").none() = nb::none())
+      .def_rw("mode", &ms::QuantSpec::mode)
+      .def_rw("group_size", &ms::QuantSpec::group_size)
+      .def_rw("bits", &ms::QuantSpec::bits)
+      .def_rw("scale_rule", &ms::QuantSpec::scale_rule)
+      .def_rw("nonfinite", &ms::QuantSpec::nonfinite)
+      .def_rw("layout", &ms::QuantSpec::layout)
+      .def_rw("elem", &ms::QuantSpec::elem)
+      .def_rw("global_scale", &ms::QuantSpec::global_scale, nb::arg("value").none());
+
+  // The parts come back as numpy arrays sharing the tensors' buffers; the constructor copies the
+  // arrays it is given (C-contiguous), so the object owns what it holds.
+  nb::class_<ms::Quantized>(m, "Quantized")
+      .def(
+          "__init__",
+          [](ms::Quantized* q, const Array& packed, const Array& scales, const std::optional<Array>& biases,
+             const ms::QuantSpec& spec, ms::Shape shape) {
+            ms::Tensor b = biases ? copy_of(*biases, "biases") : ms::Tensor();
+            new (q) ms::Quantized{copy_of(packed, "packed"), copy_of(scales, "scales"), std::move(b), spec,
+                                  std::move(shape)};
+          },
+          nb::arg("packed"), nb::arg("scales"), nb::arg("biases").none(), nb::arg("spec"), nb::arg("shape"))
+      .def_prop_ro("packed", [](const ms::Quantized& q) { return to_numpy(q.packed); })
+      .def_prop_ro("scales", [](const ms::Quantized& q) { return to_numpy(q.scales); })
+      .def_prop_ro("biases",
+                   [](const ms::Quantized& q) {
+                     return q.spec.mode == ms::Mode::affine ? to_numpy(q.biases) : nb::none();
+                   })
+      .def_rw("spec", &ms::Quantized::spec)
+      .def_rw("shape", &ms::Quantized::shape);
+}
+
 // ---- checkpoint I/O (python/microscale/checkpoint.py) ----------------------------------------
-// Layers cross as tuples (module, mode, group_size, bits, global_scale | None, shape,
-// (packed, dtype), (scales, dtype), (biases, dtype) | None, input_amax | None); tensors without a
-// quantized role as (name, safetensors dtype name, shape, uint8 bytes). checkpoint.py builds the
-// Python objects.
 namespace ckpt {
 
 namespace io = ms::io;
@@ -267,84 +293,77 @@ auto guarded(F&& f) {
   }
 }
 
-ms::Tensor copy_of(const InArray& a, const std::string& dtype_name, const char* what) {
-  const ms::TensorView v = view_of(a, dtype_name, what);
-  require_contiguous(a, what);
-  ms::Tensor t(v.dtype, v.shape);
-  if (t.nbytes()) std::memcpy(t.bytes(), v.data, t.nbytes());
-  return t;
+io::CheckpointData py_load_checkpoint(const std::string& path) {
+  nb::gil_scoped_release release;
+  return guarded([&] { return io::load_checkpoint(path); });
 }
 
-nb::tuple py_load_checkpoint(const std::string& path) {
-  io::CheckpointData d;
-  {
-    nb::gil_scoped_release release;
-    d = guarded([&] { return io::load_checkpoint(path); });
-  }
-  nb::list layers, tensors;
-  for (io::QuantizedLayer& l : d.layers) {
-    ms::Quantized& q = l.weight;
-    nb::object gs = q.spec.global_scale ? nb::cast(static_cast<double>(*q.spec.global_scale)) : nb::none();
-    nb::object act = l.input_amax ? nb::cast(static_cast<double>(*l.input_amax)) : nb::none();
-    nb::object biases = q.spec.mode == ms::Mode::affine ? nb::cast(to_numpy(std::move(q.biases))) : nb::none();
-    layers.append(nb::make_tuple(l.module, ms::name(q.spec.mode), q.spec.group_size, q.spec.bits, gs, q.shape,
-                                 to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)), biases, act));
-  }
-  for (io::RawTensor& t : d.tensors) {
-    ms::Tensor b(ms::DType::uint8, {static_cast<std::int64_t>(t.data.size())});
-    if (!t.data.empty()) std::memcpy(b.bytes(), t.data.data(), t.data.size());
-    tensors.append(nb::make_tuple(t.name, io::st_dtype_name(t.dtype), t.shape, to_numpy(std::move(b)).first));
-  }
-  return nb::make_tuple(d.convention, layers, tensors, d.config_json);
-}
-
-void py_save_checkpoint(const std::string& path, const nb::list& layers, const nb::list& tensors,
-                        const std::string& convention, const std::string& config_json, bool force) {
-  io::CheckpointData d;
-  d.config_json = config_json;
-  for (nb::handle h : layers) {
-    auto t = nb::cast<nb::tuple>(h);
-    if (t.size() != 13) throw ms::Error("internal: layer tuple of " + std::to_string(t.size()) + " items");
-    io::QuantizedLayer l;
-    l.module = nb::cast<std::string>(t[0]);
-    ms::QuantSpec& s = l.weight.spec;
-    s.mode = ms::mode_from_name(nb::cast<std::string>(t[1]));
-    s.group_size = nb::cast<int>(t[2]);
-    s.bits = nb::cast<int>(t[3]);
-    if (!t[4].is_none()) s.global_scale = static_cast<float>(nb::cast<double>(t[4]));
-    l.weight.shape = nb::cast<ms::Shape>(t[5]);
-    l.weight.packed = copy_of(nb::cast<InArray>(t[6]), nb::cast<std::string>(t[7]), "packed");
-    l.weight.scales = copy_of(nb::cast<InArray>(t[8]), nb::cast<std::string>(t[9]), "scales");
-    if (!t[10].is_none()) l.weight.biases = copy_of(nb::cast<InArray>(t[10]), nb::cast<std::string>(t[11]), "biases");
-    if (!t[12].is_none()) l.input_amax = static_cast<float>(nb::cast<double>(t[12]));
-    d.layers.push_back(std::move(l));
-  }
-  for (nb::handle h : tensors) {
-    auto t = nb::cast<nb::tuple>(h);
-    io::RawTensor r;
-    r.name = nb::cast<std::string>(t[0]);
-    const std::string dt = nb::cast<std::string>(t[1]);
-    const auto st = io::st_dtype_from_name(dt);
-    if (!st) throw ms::Error("tensor " + r.name + ": unknown safetensors dtype " + dt);
-    r.dtype = *st;
-    r.shape = nb::cast<ms::Shape>(t[2]);
-    const ms::Tensor b = copy_of(nb::cast<InArray>(t[3]), "uint8", "tensor bytes");
-    r.data.assign(b.bytes(), b.bytes() + b.nbytes());
-    d.tensors.push_back(std::move(r));
-  }
-  const io::Convention c = io::convention_from_name(convention);
+void py_save_checkpoint(const std::string& path, const io::CheckpointData& data, io::Convention convention,
+                        bool force) {
   nb::gil_scoped_release release;
   guarded([&] {
-    io::save_checkpoint(path, d, c, force);
+    io::save_checkpoint(path, data, convention, force);
     return 0;
   });
 }
 
 void bind(nb::module_& m) {
-  m.def("load_checkpoint", &py_load_checkpoint, nb::arg("path"),
-        "-> (convention, [layer tuples], [(name, st_dtype, shape, bytes)], config_json)");
-  m.def("save_checkpoint", &py_save_checkpoint, nb::arg("path"), nb::arg("layers"), nb::arg("tensors"),
-        nb::arg("convention"), nb::arg("config_json"), nb::arg("force"));
+  nb::enum_<io::Convention> convention(m, "Convention");
+  for (io::Convention c : {io::Convention::compressed_tensors, io::Convention::modelopt, io::Convention::mlx}) {
+    std::string label = io::name(c);
+    std::replace(label.begin(), label.end(), '-', '_');  // a Python name
+    convention.value(label.c_str(), c);
+  }
+  convention.def_static(
+      "from_name", [](const std::string& s) { return io::convention_from_name(s); }, nb::arg("name"));
+
+  nb::class_<io::QuantizedLayer>(m, "QuantizedLayer")
+      .def(
+          "__init__",
+          [](io::QuantizedLayer* l, std::string module, ms::Quantized weight, std::optional<float> input_amax) {
+            new (l) io::QuantizedLayer{std::move(module), std::move(weight), input_amax};
+          },
+          nb::arg("module"), nb::arg("weight"), nb::arg("input_amax").none())
+      .def_rw("module", &io::QuantizedLayer::module)
+      .def_rw("weight", &io::QuantizedLayer::weight)
+      .def_rw("input_amax", &io::QuantizedLayer::input_amax, nb::arg("value").none());
+
+  // A tensor that is no part of a quantized layer, kept as its bytes and safetensors dtype name
+  // ("F32", "BF16", "F8_E4M3", ...: F4 and F6 have no numpy type).
+  nb::class_<io::RawTensor>(m, "RawTensor")
+      .def_ro("name", &io::RawTensor::name)
+      .def_prop_ro("dtype", [](const io::RawTensor& t) { return std::string(io::st_dtype_name(t.dtype)); })
+      .def_ro("shape", &io::RawTensor::shape)
+      .def_prop_ro("data", [](const io::RawTensor& t) {
+        ms::Tensor b(ms::DType::uint8, {static_cast<std::int64_t>(t.data.size())});
+        if (!t.data.empty()) std::memcpy(b.bytes(), t.data.data(), t.data.size());
+        return to_numpy(std::move(b));
+      });
+
+  // Built up by add_layer / add_tensor, so that no list of large tensors is copied on the way in.
+  nb::class_<io::CheckpointData>(m, "CheckpointData")
+      .def(nb::init<>())
+      .def_rw("convention", &io::CheckpointData::convention)
+      .def_rw("config_json", &io::CheckpointData::config_json)
+      .def_ro("layers", &io::CheckpointData::layers)
+      .def_ro("tensors", &io::CheckpointData::tensors)
+      .def(
+          "add_layer", [](io::CheckpointData& d, io::QuantizedLayer layer) { d.layers.push_back(std::move(layer)); },
+          nb::arg("layer"))
+      .def(
+          "add_tensor",
+          [](io::CheckpointData& d, std::string name, const std::string& dtype, ms::Shape shape, const Array& data) {
+            const auto st = io::st_dtype_from_name(dtype);
+            if (!st) throw ms::Error("tensor " + name + ": unknown safetensors dtype " + dtype);
+            const ms::Tensor b = copy_of(data, "tensor bytes");
+            if (b.dtype() != ms::DType::uint8) throw ms::Error("tensor " + name + ": internal: bytes must be uint8");
+            d.tensors.push_back(io::RawTensor{std::move(name), *st, std::move(shape), {b.bytes(), b.bytes() + b.nbytes()}});
+          },
+          nb::arg("name"), nb::arg("dtype"), nb::arg("shape"), nb::arg("data"));
+
+  m.def("load_checkpoint", &py_load_checkpoint, nb::arg("path"));
+  m.def("save_checkpoint", &py_save_checkpoint, nb::arg("path"), nb::arg("data"), nb::arg("convention"),
+        nb::arg("force"));
 }
 
 }  // namespace ckpt
@@ -353,6 +372,8 @@ void bind_matmul(nb::module_& m);  // bind_matmul.cpp: quantized_matmul, qqmm, g
 
 NB_MODULE(_core, m) {
   m.doc() = "microscale C++ core (use the functions of the microscale package instead)";
+  // The project version (CMakeLists.txt), which is also the package's (pyproject.toml reads it).
+  m.attr("__version__") = MICROSCALE_VERSION;
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -362,19 +383,13 @@ NB_MODULE(_core, m) {
     }
   });
 
-  m.def("quantize", &py_quantize, nb::arg("x"), nb::arg("x_dtype"), nb::arg("mode"),
-        nb::arg("group_size"), nb::arg("bits"), nb::arg("scale_rule"), nb::arg("nonfinite"),
-        nb::arg("layout"), nb::arg("elem"), nb::arg("global_scale").none(),
-        "-> ((packed, dtype), (scales, dtype), (biases, dtype) | None, group_size, bits)");
-  m.def("dequantize", &py_dequantize, nb::arg("packed"), nb::arg("packed_dtype"),
-        nb::arg("scales"), nb::arg("scales_dtype"), nb::arg("biases").none(),
-        nb::arg("biases_dtype"), nb::arg("mode"), nb::arg("group_size"), nb::arg("bits"),
-        nb::arg("scale_rule"), nb::arg("nonfinite"), nb::arg("layout"), nb::arg("elem"),
-        nb::arg("global_scale").none(), nb::arg("out_dtype"), "-> (y, dtype)");
-  m.def("global_scale", &py_global_scale, nb::arg("x"), nb::arg("x_dtype"));
-  m.def("swizzle_scales", &py_swizzle, nb::arg("scales"), nb::arg("scales_dtype"));
-  m.def("unswizzle_scales", &py_unswizzle, nb::arg("scales"), nb::arg("scales_dtype"),
-        nb::arg("rows"), nb::arg("cols"));
+  bind_types(m);
+  m.def("quantize", &py_quantize, nb::arg("x"), nb::arg("spec"));
+  m.def("dequantize", &py_dequantize, nb::arg("packed"), nb::arg("scales"), nb::arg("biases").none(),
+        nb::arg("spec"), nb::arg("dtype"));
+  m.def("global_scale", &py_global_scale, nb::arg("x"));
+  m.def("swizzle_scales", &py_swizzle, nb::arg("scales"));
+  m.def("unswizzle_scales", &py_unswizzle, nb::arg("scales"), nb::arg("rows"), nb::arg("cols"));
   m.def("encode", &py_encode, nb::arg("x"), nb::arg("fmt"),
         "float32 C-contiguous -> uint8 codes (uint16 bits for bf16/f16)");
   m.def("decode", &py_decode, nb::arg("codes"), nb::arg("fmt"));

@@ -1,11 +1,13 @@
-// Array and spec conversions shared by the binding sources (bindings.cpp, bind_matmul.cpp):
-// numpy arrays in as microscale::TensorView, microscale::Tensor results out as numpy arrays.
+// Array conversions shared by the binding sources (bindings.cpp, bind_matmul.cpp): numpy arrays in
+// as msbind::Array (a microscale::TensorView whose dtype is read from the array itself),
+// microscale::Tensor results out as numpy arrays of the matching dtype.
 #pragma once
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,11 +20,16 @@ namespace ms = microscale;
 
 namespace msbind {
 
-// Any dtype, any strides, read-only allowed; the dtype is checked against the name passed along.
+// Any dtype, any strides, read-only allowed.
 using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
 using OutArray = nb::ndarray<nb::numpy>;
-// An array as it comes back to Python: the numpy array and its microscale dtype name.
-using Out = std::pair<nb::object, std::string>;
+
+// A numpy array argument as the C++ API reads it. `keep` holds the memory `view` points into for
+// as long as the argument lives (the call).
+struct Array {
+  ms::TensorView view;
+  InArray keep;
+};
 
 inline nb::dlpack::dtype dlpack_dtype(ms::DType t) {
   using nb::dlpack::dtype_code;
@@ -38,26 +45,52 @@ inline nb::dlpack::dtype dlpack_dtype(ms::DType t) {
   throw ms::Error("internal: unknown dtype");
 }
 
-inline ms::TensorView view_of(const InArray& a, const std::string& dtype_name, const char* what) {
-  const ms::DType dt = ms::dtype_from_name(dtype_name);
-  const nb::dlpack::dtype want = dlpack_dtype(dt);
-  const nb::dlpack::dtype got = a.dtype();
-  const bool bf16_ok = dt == ms::DType::bfloat16 && got.bits == 16 && got.lanes == 1 &&
-                       got.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat);
-  if (!(got == want) && !bf16_ok) {
-    throw ms::Error(std::string(what) + ": array does not hold " + dtype_name + " data");
+inline std::optional<ms::DType> dtype_of(nb::dlpack::dtype d) {
+  for (ms::DType t : {ms::DType::float32, ms::DType::float16, ms::DType::uint8, ms::DType::uint32,
+                      ms::DType::int32, ms::DType::int64}) {
+    if (d == dlpack_dtype(t)) return t;
   }
+  if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16 && d.lanes == 1) {
+    return ms::DType::bfloat16;
+  }
+  return std::nullopt;
+}
+
+// ml_dtypes' types reach nanobind through neither DLPack nor the buffer protocol, so their arrays
+// are read through an unsigned-integer view of the same bytes: bfloat16 as its uint16 bits, the
+// 8-bit (and byte-stored 4-bit) floats as uint8 codes.
+inline bool read_array(nb::handle src, Array& out) {
+  nb::object arr = nb::borrow(src);
+  std::optional<ms::DType> dtype;
+  if (nb::hasattr(arr, "dtype")) {
+    const nb::object dt = arr.attr("dtype");
+    const auto name = nb::cast<std::string>(dt.attr("name"));
+    const auto itemsize = nb::cast<int>(dt.attr("itemsize"));
+    if (name == "bfloat16" && itemsize == 2) {
+      arr = arr.attr("view")("uint16");
+      dtype = ms::DType::bfloat16;
+    } else if ((name.rfind("float8_", 0) == 0 || name.rfind("float4_", 0) == 0) && itemsize == 1) {
+      arr = arr.attr("view")("uint8");
+    }
+  }
+  if (!nb::try_cast(arr, out.keep)) return false;
+  if (!dtype) dtype = dtype_of(out.keep.dtype());
+  if (!dtype) return false;
+  const InArray& a = out.keep;
   ms::Shape shape(a.ndim()), strides(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) {
     shape[i] = static_cast<std::int64_t>(a.shape(i));
     strides[i] = a.stride(i);
-    if (strides[i] < 0) throw ms::Error(std::string(what) + ": negative strides are not supported");
+    // The Python layer copies arrays with negative strides; strides are in elements here.
+    if (strides[i] < 0) return false;
   }
-  return ms::TensorView(a.data(), dt, std::move(shape), std::move(strides));
+  out.view = ms::TensorView(a.data(), *dtype, std::move(shape), std::move(strides));
+  return true;
 }
 
-// Hands the tensor to a numpy array that owns it (freed when the array is collected).
-inline Out to_numpy(ms::Tensor t) {
+// A numpy array sharing the tensor's buffer (microscale::Tensor copies share it), dtype included:
+// bfloat16 comes back as ml_dtypes.bfloat16.
+inline nb::object to_numpy(ms::Tensor t) {
   static std::uint64_t empty_storage = 0;  // numpy wants a non-null pointer even for size 0
   auto* owner = new ms::Tensor(std::move(t));
   nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<ms::Tensor*>(p); });
@@ -65,24 +98,53 @@ inline Out to_numpy(ms::Tensor t) {
   void* data = owner->bytes() != nullptr ? static_cast<void*>(owner->bytes())
                                          : static_cast<void*>(&empty_storage);
   OutArray arr(data, shape.size(), shape.data(), cap, nullptr, dlpack_dtype(owner->dtype()));
-  return {arr.cast(), ms::dtype_name(owner->dtype())};
+  nb::object out = arr.cast();
+  if (owner->dtype() == ms::DType::bfloat16) {
+    out = out.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16"));
+  }
+  return out;
 }
 
-inline ms::QuantSpec make_spec(const std::string& mode, int group_size, int bits,
-                        const std::string& scale_rule, const std::string& nonfinite,
-                        const std::string& layout, const std::string& elem,
-                        std::optional<double> global_scale) {
-  ms::QuantSpec spec;
-  spec.mode = ms::mode_from_name(mode);
-  spec.group_size = group_size;
-  spec.bits = bits;
-  spec.scale_rule = ms::scale_rule_from_name(scale_rule);
-  spec.nonfinite = ms::nonfinite_from_name(nonfinite);
-  spec.layout = ms::layout_from_name(layout);
-  spec.elem = ms::elem_from_name(elem);
-  // The Python layer already rounded the value to float32, so this narrowing is exact.
-  if (global_scale) spec.global_scale = static_cast<float>(*global_scale);
-  return spec;
+inline void require_contiguous(const InArray& a, const char* what) {
+  if (a.size() == 0) return;
+  std::int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) {
+      throw ms::Error(std::string(what) + ": internal: array must be C-contiguous");
+    }
+    expect *= static_cast<std::int64_t>(a.shape(i));
+  }
 }
+
+// An owning copy of a C-contiguous array (the checkpoint writer keeps what it is given).
+inline ms::Tensor copy_of(const Array& a, const char* what) {
+  require_contiguous(a.keep, what);
+  ms::Tensor t(a.view.dtype, a.view.shape);
+  if (t.nbytes()) std::memcpy(t.bytes(), a.view.data, t.nbytes());
+  return t;
+}
+
+// The pointer the C++ API takes for an optional array.
+inline const ms::TensorView* view_or_null(const std::optional<Array>& a) { return a ? &a->view : nullptr; }
 
 }  // namespace msbind
+
+namespace nanobind::detail {
+
+// msbind::Array arguments: a failed conversion is a TypeError naming the function's signature
+// (the Python layer checks dtypes first, with its own messages).
+template <>
+struct type_caster<msbind::Array> {
+  NB_TYPE_CASTER(msbind::Array, const_name("numpy.ndarray"))
+
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    try {
+      return msbind::read_array(src, value);
+    } catch (...) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+};
+
+}  // namespace nanobind::detail

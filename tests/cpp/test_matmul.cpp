@@ -1,4 +1,4 @@
-// quantized_matmul, qqmm, gather_qmm and the layers against a float64 oracle built from dequantize.
+// quantized_matmul, qqmm and gather_qmm against a float64 oracle built from dequantize.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -362,39 +362,4 @@ TEST(GatherQmm, IndexErrors) {
   const TensorView frhs(fidx.data(), DType::float32, {2});
   EXPECT_THROW(ms::gather_qmm(f32(x, {2, 1, 32}), q.packed.view(), q.scales.view(), nullptr, nullptr, &frhs, true, q.spec),
                ms::Error);
-}
-
-TEST(Layers, QuantizedLinearEmbeddingAndQQLinear) {
-  const std::int64_t N = 48, K = 64, M = 5;
-  const auto w = randn(N * K, 21), b = randn(N, 22), x = randn(M * K, 23);
-  const TensorView bv = f32(b, {N});
-  const auto lin = ms::QuantizedLinear::from_linear(f32(w, {N, K}), &bv, spec_for(Mode::nvfp4));
-  ASSERT_TRUE(lin.weight.spec.global_scale.has_value());
-  EXPECT_EQ(*lin.weight.spec.global_scale, ms::global_scale(f32(w, {N, K})));
-  EXPECT_EQ(values(lin.forward(f32(x, {M, K}))), values(ms::quantized_matmul(f32(x, {M, K}), lin.weight, true, &bv)));
-
-  const auto emb = ms::QuantizedEmbedding::from_embedding(f32(w, {N, K}), spec_for(Mode::affine, 32, 4));
-  std::vector<std::int64_t> ids = {3, 0, 47, 3};
-  const auto rows = values(emb.forward(TensorView(ids.data(), DType::int64, {2, 2})));
-  const auto full = values(ms::dequantize(emb.table, DType::float32));
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    for (std::int64_t k = 0; k < K; ++k)
-      ASSERT_EQ(rows[i * K + k], full[static_cast<std::size_t>(ids[i] * K + k)]);
-  ids[1] = 48;
-  EXPECT_THROW(emb.forward(TensorView(ids.data(), DType::int64, {4})), ms::Error);
-  EXPECT_EQ(emb.as_linear(f32(x, {M, K})).shape(), (Shape{M, N}));
-
-  auto qq = ms::QQLinear::from_linear(f32(w, {N, K}), &bv, spec_for(Mode::nvfp4));
-  const auto dyn = values(qq.forward(f32(x, {M, K})));
-  const float gx = ms::global_scale(f32(x, {M, K}));
-  const auto scales = qq.weight.scales.view();
-  EXPECT_EQ(dyn, values(ms::qqmm(f32(x, {M, K}), qq.weight.packed.view(), &scales, spec_for(Mode::nvfp4), gx,
-                                 *qq.weight.spec.global_scale, &bv)));
-  const auto big = randn(M * K, 24, 4.0f);
-  qq.calibrate({f32(x, {M, K}), f32(big, {M, K})});
-  ASSERT_TRUE(qq.input_global_scale.has_value());
-  EXPECT_EQ(*qq.input_global_scale, std::max(gx, ms::global_scale(f32(big, {M, K}))));
-  const auto stat = values(qq.forward(f32(x, {M, K})));
-  EXPECT_EQ(stat, values(ms::qqmm(f32(x, {M, K}), qq.weight.packed.view(), &scales, spec_for(Mode::nvfp4),
-                                  *qq.input_global_scale, *qq.weight.spec.global_scale, &bv)));
 }

@@ -231,3 +231,44 @@ def test_installed_command_and_python_m(tmp_path):
                              cwd=tmp_path)
         assert bad.returncode != 0 and bad.stderr.startswith("microscale: error:") \
             and "absent" in bad.stderr, (how, bad.stderr)
+
+
+def test_version_has_one_source():
+    """The package metadata (pyproject reads CMakeLists.txt), microscale.__version__ (compiled into
+    _core) and the project version in CMakeLists.txt are one number."""
+    import importlib.metadata
+    import os
+    import re
+    cmake = os.path.join(os.path.dirname(__file__), "..", "..", "CMakeLists.txt")
+    with open(cmake, encoding="utf-8") as f:
+        project = re.search(r"project\(microscale VERSION ([0-9.]+)", f.read()).group(1)
+    assert microscale.__version__ == microscale._core.__version__ == project
+    assert importlib.metadata.version("microscale") == project
+
+
+def test_core_reads_dtypes_from_the_arrays():
+    """Arrays cross into _core as they are, ml_dtypes.bfloat16 and float8 codes included, and
+    come back in their dtype: no dtype names travel with them."""
+    core = microscale._core
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 64)).astype(BF16)
+    spec = core.QuantSpec(mode=core.Mode.affine, group_size=32, bits=4)
+    q = core.quantize(x, spec)
+    assert isinstance(q, core.Quantized) and q.shape == [4, 64]
+    assert q.spec.mode == core.Mode.affine and q.spec.group_size == 32 and q.spec.bits == 4
+    assert q.packed.dtype == np.uint8 and q.scales.dtype == BF16 and q.biases.dtype == BF16
+    y = core.dequantize(q.packed, q.scales, q.biases, q.spec, core.DType.bfloat16)
+    assert y.dtype == BF16
+    assert_same_bits(y, microscale.dequantize(*microscale.quantize(x, mode="affine", group_size=32),
+                                              mode="affine", group_size=32, dtype=BF16))
+    nv = core.quantize(x.astype(np.float32), core.QuantSpec(global_scale=2.5))
+    assert nv.biases is None and nv.spec.global_scale == 2.5 and nv.spec.group_size == 16
+    codes = nv.scales.view(ml_dtypes.float8_e4m3fn)  # E4M3 codes in their ml_dtypes type
+    assert_same_bits(core.dequantize(nv.packed, codes, None, nv.spec, core.DType.float32),
+                     core.dequantize(nv.packed, nv.scales, None, nv.spec, core.DType.float32))
+    assert core.global_scale(x) == microscale.global_scale(x)
+    with pytest.raises(ValueError, match="mode"):
+        core.Mode.from_name("nvfp5")
+    # A dtype the C++ API has no type for is refused at the boundary.
+    with pytest.raises(TypeError):
+        core.global_scale(np.zeros(4, np.float64))

@@ -206,3 +206,30 @@ def test_damaged_files_raise(tmp_path, damage):
     p.write_bytes(bytes(b))
     with pytest.raises(ValueError, match="model.safetensors"):
         microscale.load_checkpoint(tmp_path)
+
+
+def test_quantized_weight_keeps_its_element_format():
+    """An mxfp8 E5M2 weight decodes as E5M2 (QuantizedWeight used to drop elem and decode E4M3)."""
+    w = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32)
+    q = microscale.QuantizedWeight.from_float(w, mode="mxfp8", elem="e5m2")
+    assert q.elem == "e5m2"
+    wq, s = microscale.quantize(w, mode="mxfp8", elem="e5m2")
+    np.testing.assert_array_equal(q.dequantize(), microscale.dequantize(wq, s, mode="mxfp8", elem="e5m2"))
+
+
+def test_layers_are_quantized_weights(tmp_path):
+    """A layer is a QuantizedWeight: saved as it is, and a calibrated QQLinear's static activation
+    scale is its input_amax (W4A4)."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((32, 64)).astype(np.float32)
+    qq = microscale.QQLinear.from_linear(w).calibrate([rng.standard_normal((2, 64)).astype(np.float32)])
+    assert isinstance(qq, microscale.QuantizedWeight) and qq.input_amax == qq.input_global_scale
+    assert qq.shape == (32, 64) and qq.packed is qq.weight and qq in {qq}  # hashed by identity
+    microscale.save_checkpoint(tmp_path, {"model.layers.0.mlp.up_proj": qq}, export="compressed-tensors")
+    got = microscale.load_checkpoint(tmp_path).layers["model.layers.0.mlp.up_proj"]
+    np.testing.assert_array_equal(got.packed, qq.weight)
+    np.testing.assert_array_equal(got.scales, qq.scales)
+    assert got.shape == (32, 64) and got.mode == "nvfp4"
+    # The layout stores 2688 / amax: back as the amax to about one float32 ulp.
+    assert got.global_scale == pytest.approx(qq.global_scale, rel=1e-6)
+    assert got.input_amax == pytest.approx(qq.input_global_scale, rel=1e-6)

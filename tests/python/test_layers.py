@@ -1,5 +1,5 @@
-"""microscale.QuantizedLinear, QuantizedEmbedding and QQLinear (the C++ layers' semantics,
-src/ops/layers.cpp) against the bound ops and float64 references."""
+"""microscale.QuantizedLinear, QuantizedEmbedding and QQLinear (python/microscale/layers.py, the
+one implementation of the layers) against the bound ops and float64 references."""
 
 import numpy as np
 import pytest
