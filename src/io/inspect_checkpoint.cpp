@@ -133,7 +133,6 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
     pr.current = n;
     if (progress) progress(pr);
   }
-  res.notes = det.notes;
   if (!det.layers.empty())
     res.notes.push_back(std::to_string(det.layers.size()) + " quantized layers (" + det.convention_name() + ")");
   const auto groups = fused_global_scales(det.layers);

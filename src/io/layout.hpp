@@ -70,7 +70,6 @@ struct Detected {
   std::set<std::string> consumed;            // tensor names that belong to a layer
   std::vector<std::string> unsupported;      // quantized tensors of layouts we cannot read
   std::vector<std::string> strays;           // named like a part of a quantized layer its layout does not read
-  std::vector<std::string> notes;
 
   std::string convention_name() const { return convention ? name(*convention) : "none"; }
 };
