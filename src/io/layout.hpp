@@ -1,7 +1,8 @@
 // The checkpoint layouts (docs/checkpoints.md): one module per ecosystem (layout_ct.cpp,
 // layout_modelopt.cpp, layout_mlx.cpp) fills a LayoutOps table with how it names, types and shapes
 // a layer's tensors, stores the global scale, and reads and writes its config. Adding an
-// ecosystem is one such module plus its entry in `layouts()` (layout.cpp).
+// ecosystem is one such module plus its entry in `layouts()` (layout.cpp) and its enumerator in
+// Convention (checkpoint.hpp).
 #pragma once
 
 #include <optional>
@@ -56,7 +57,7 @@ struct LayoutOps {
 extern const LayoutOps kCompressedTensorsLayout, kModelOptLayout, kMlxLayout;
 std::span<const LayoutOps* const> layouts();
 const LayoutOps& layout(Convention c);
-// "a or b" / "a, b or c" over the layouts with `flag` set, by name or by title.
+// "a or b" / "a, b or c" over the layouts with `flag` set (all with null), by name or by title.
 std::string layouts_with(bool LayoutOps::*flag, bool titles);
 
 // The tensors of `l` in layout `c`, in write order (with empty data when only planning).
