@@ -1,13 +1,12 @@
-// The model directory around a checkpoint: opening it with its config.json, preparing the output
-// directory, copying the other files atomically, and releasing mapped pages after use.
+// The model directory around a checkpoint: opening it with its config.json, copying its other
+// files into an output, and matching module names against the user's patterns.
 #include <fnmatch.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 
-#include "io/ckpt_detail.hpp"
+#include "io/layer.hpp"
+#include "io/model_dir.hpp"
 
 namespace microscale::io::ck {
 
@@ -114,17 +113,6 @@ std::vector<std::string> copy_other_files(const fs::path& in_dir, const fs::path
     notes.push_back("not copied (other weight formats, which would be stale): " + list);
   }
   return notes;
-}
-
-void release(std::span<const std::byte> bytes) {
-  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  auto b = reinterpret_cast<std::uintptr_t>(bytes.data());
-  std::uintptr_t e = b + bytes.size();
-  b = (b + page - 1) & ~(page - 1);
-  e &= ~(page - 1);
-  // Only whole pages inside the range; the mapping is read-only and private, so dropping pages
-  // loses nothing: they are read back from the page cache if touched again.
-  if (e > b) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }
 
 bool matches(const std::vector<std::string>& patterns, const std::string& module) {

@@ -1,0 +1,112 @@
+// load_checkpoint / save_checkpoint: quantized layers and the other tensors of a checkpoint in
+// memory (the Python API).
+#include <algorithm>
+#include <limits>
+
+#include "io/staging.hpp"
+#include "io/layout.hpp"
+#include "io/weight_rules.hpp"
+
+namespace microscale::io {
+
+namespace {
+
+using namespace ck;
+
+// A layer over `q`'s buffers, after checking that they are what `q.spec` and `q.shape` say.
+Layer checked_layer(const std::string& m, const Quantized& q, const std::optional<float>& input_amax) {
+  const QuantSpec s = resolve(q.spec);
+  if (q.shape.size() != 2) throw Error("layer " + detail::quote(m) + ": only 2-D weights, got " + fmt_shape(q.shape));
+  const std::int64_t n = q.shape[0], k = q.shape[1];
+  // Bounds before any shape arithmetic: k * bits must not wrap.
+  if (n < 0 || k < 0 || k > std::numeric_limits<std::int64_t>::max() / 64)
+    throw Error("layer " + detail::quote(m) + ": shape " + fmt_shape(q.shape) + " is out of range");
+  if (k % s.group_size != 0) throw Error("layer " + detail::quote(m) + ": K is not a multiple of the group size");
+  const Shape ps = {n, k * s.bits / 8}, ss = {n, k / s.group_size};
+  const DType sd = s.mode == Mode::affine ? q.scales.dtype() : DType::uint8;
+  if (q.packed.dtype() != DType::uint8 || q.packed.shape() != ps)
+    throw Error("layer " + detail::quote(m) + ": packed must be uint8 " + fmt_shape(ps) + ", got " + dtype_name(q.packed.dtype()) + " " + fmt_shape(q.packed.shape()));
+  if (q.scales.shape() != ss || q.scales.dtype() != sd || (s.mode == Mode::affine && !is_float(sd)))
+    throw Error("layer " + detail::quote(m) + ": scales must be " + dtype_name(sd) + " " + fmt_shape(ss) + ", got " + dtype_name(q.scales.dtype()) + " " + fmt_shape(q.scales.shape()));
+  if (s.mode == Mode::affine && (q.biases.shape() != ss || q.biases.dtype() != sd))
+    throw Error("layer " + detail::quote(m) + ": biases must match the scales");
+  if (s.layout != Layout::compact) throw Error("layer " + detail::quote(m) + ": checkpoints store compact scales");
+  Layer l;
+  l.module = m;
+  l.mode = s.mode;
+  l.group = s.group_size;
+  l.bits = s.bits;
+  l.shape = q.shape;
+  if (s.global_scale) l.global = Global::of_amax(*s.global_scale);
+  if (input_amax) l.act = Global::of_amax(*input_amax);
+  l.point_at(q);
+  if (s.mode == Mode::affine) l.float_dtype = to_st_dtype(sd);
+  return l;
+}
+
+}  // namespace
+
+CheckpointData load_checkpoint(const fs::path& path) {
+  const Input in = open_complete(path);
+  const Detected det = detect(in.ck, in.config);
+  check_unsupported(det);
+  CheckpointData data;
+  data.convention = det.convention_name();
+  for (const Layer& l : det.layers) {
+    QuantizedLayer ql;
+    ql.module = l.module;
+    ql.weight = to_quantized(l);
+    if (l.act) ql.input_amax = l.act->to_amax();
+    data.layers.push_back(std::move(ql));
+  }
+  for (const std::string& n : in.ck.names()) {
+    if (det.consumed.count(n)) continue;
+    const StTensor& t = in.ck.tensor(n);
+    data.tensors.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data.begin(), t.data.end())});
+  }
+  if (!in.config.is_null()) data.config_json = in.config.dump(2);
+  return data;
+}
+
+void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention to, bool force) {
+  const LayoutOps& lay = layout(to);
+  std::vector<Layer> layers;
+  for (const QuantizedLayer& ql : data.layers) layers.push_back(checked_layer(ql.module, ql.weight, ql.input_amax));
+  if (layers.empty()) throw Error("save_checkpoint: no quantized layers given");
+  // Activation scales are written for every layer or refused; never dropped.
+  const auto with_act = static_cast<std::size_t>(
+      std::count_if(layers.begin(), layers.end(), [](const Layer& l) { return l.act.has_value(); }));
+  if (with_act != 0 && (!lay.activation_scales || with_act != layers.size() ||
+                        std::any_of(layers.begin(), layers.end(), [](const Layer& l) { return l.mode != Mode::nvfp4; })))
+    throw Error("save_checkpoint: " + std::to_string(with_act) + " of " + std::to_string(layers.size()) +
+                " layers have an input_amax; static activation scales (W4A4) are written only for nvfp4 layers in "
+                "the " + layouts_with(&LayoutOps::activation_scales, true) + " layout, with one on every layer");
+  const bool w4a4 = with_act != 0;
+  std::vector<StTensorData> all;
+  std::vector<std::vector<Out>> keep;
+  QuantMeta meta;
+  meta.w4a4 = w4a4;
+  for (Layer& l : layers) {
+    if (!w4a4) l.act.reset();
+    keep.push_back(emit(l, to));
+    meta.layers.push_back(&l);
+  }
+  for (const auto& outs : keep)
+    for (const Out& o : outs) all.push_back({o.entry.name, o.entry.dtype, o.entry.shape, o.bytes()});
+  for (const RawTensor& t : data.tensors) {
+    if (st_nbytes(t.dtype, t.shape) != t.data.size())
+      throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " + st_dtype_name(t.dtype) + " " + fmt_shape(t.shape));
+    all.push_back({t.name, t.dtype, t.shape, t.data});
+    add_ignored_tensor(meta.ignore, t.name, t.shape, t.dtype);
+  }
+  Json config = data.config_json.empty() ? Json::object()
+                                         : detail::parse_json(data.config_json, "config_json", "config", 256);
+  Staging st({}, out, force);
+  save_safetensors(st.dir() / "model.safetensors", all, Metadata{{"format", lay.shard_format ? lay.shard_format : "pt"}});
+  Json hf = apply_config(config, to, meta);
+  if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
+  write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
+  st.commit();
+}
+
+}  // namespace microscale::io

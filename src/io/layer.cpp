@@ -1,0 +1,176 @@
+// The layout-independent quantized layer: global scales across conventions, the layer's spec and
+// data, and the small helpers every layout and operation shares.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "io/layer.hpp"
+
+namespace microscale::io::ck {
+
+// ---- global scales
+
+float Global::to_amax() const {
+  switch (kind) {
+    case Kind::none: return k2688;
+    case Kind::amax: return value;
+    case Kind::stored: return convention->to_amax(value);
+  }
+  return value;
+}
+
+float Global::as(const ScaleConvention& c) const {
+  if (kind == Kind::stored && convention == &c) return value;
+  return c.from_amax(to_amax());
+}
+
+std::string Global::describe() const { return describe(kind == Kind::stored ? convention->weight_tensor : ""); }
+
+std::string Global::describe(std::string_view tensor) const {
+  switch (kind) {
+    case Kind::none: return "two-level (no global scale)";
+    case Kind::amax: return "amax " + fmt_float(value);
+    case Kind::stored:
+      return std::string(tensor) + " " + fmt_float(value) + " = " + convention->formula + " -> amax " + fmt_float(to_amax());
+  }
+  return "";
+}
+
+// ---- layers
+
+[[noreturn]] void layer_error(const std::string& module, const std::string& what) {
+  throw Error("layer " + detail::quote(module) + ": " + what);
+}
+
+std::int64_t mul(const std::string& module, std::int64_t a, std::int64_t b, const std::string& what) {
+  std::int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    layer_error(module, what + ": " + std::to_string(a) + " x " + std::to_string(b) + " overflows 64 bits");
+  return r;
+}
+
+// The logical tensor in 8-byte floats and a row in bits of the widest dtype must fit int64, so
+// downstream code may multiply and divide these freely.
+void check_dims(const Layer& l) {
+  const std::string& m = l.module;
+  if (l.shape.size() != 2 || l.rows() < 0 || l.cols() < 0)
+    layer_error(m, "logical shape " + fmt_shape(l.shape) + " is not a 2-D shape");
+  if (l.group < 1) layer_error(m, "group size " + std::to_string(l.group) + " (must be at least 1)");
+  if (l.cols() % l.group != 0)
+    layer_error(m, "K = " + std::to_string(l.cols()) + " is not a multiple of the group size " + std::to_string(l.group));
+  (void)mul(m, mul(m, l.rows(), l.cols(), "elements of " + fmt_shape(l.shape)), 8, "bytes of " + fmt_shape(l.shape));
+  (void)mul(m, l.cols(), 64, "bits in a row of K = " + std::to_string(l.cols()));
+}
+
+QuantSpec Layer::spec() const {
+  QuantSpec s;
+  s.mode = mode;
+  s.group_size = group;
+  s.bits = bits;
+  if (mode == Mode::nvfp4 && global.three_level()) s.global_scale = global.to_amax();
+  try {
+    return resolve(s);
+  } catch (const Error& e) {
+    layer_error(module, e.what());
+  }
+}
+
+void Layer::point_at(const Quantized& q) {
+  packed = {q.packed.bytes(), q.packed.nbytes()};
+  scales = {q.scales.bytes(), q.scales.nbytes()};
+  if (q.spec.mode == Mode::affine) biases = {q.biases.bytes(), q.biases.nbytes()};
+}
+
+Quantized to_quantized(const Layer& l) {
+  Quantized q;
+  q.spec = l.spec();
+  q.shape = l.shape;
+  q.packed = Tensor(DType::uint8, {l.rows(), l.cols() * l.bits / 8});
+  std::memcpy(q.packed.bytes(), l.packed.data(), l.packed.size());
+  const Shape ss = {l.rows(), l.cols() / l.group};
+  q.scales = Tensor(l.mode == Mode::affine ? *to_dtype(l.float_dtype) : DType::uint8, ss);
+  std::memcpy(q.scales.bytes(), l.scales.data(), l.scales.size());
+  if (l.mode == Mode::affine) {
+    q.biases = Tensor(*to_dtype(l.float_dtype), ss);
+    std::memcpy(q.biases.bytes(), l.biases.data(), l.biases.size());
+  }
+  return q;
+}
+
+TensorView view_of(std::span<const std::byte> data, StDType st, const Shape& shape, Tensor& storage) {
+  const DType dt = *to_dtype(st);
+  if (reinterpret_cast<std::uintptr_t>(data.data()) % dtype_size(dt) == 0) return TensorView(data.data(), dt, shape);
+  storage = Tensor(dt, shape);
+  std::memcpy(storage.bytes(), data.data(), data.size());
+  return storage.view();
+}
+
+Tensor dequantize_layer(const Layer& l, DType dt) {
+  Tensor sp, bp;
+  const TensorView packed(l.packed.data(), DType::uint8, {l.rows(), l.cols() * l.bits / 8});
+  const Shape sshape = {l.rows(), l.cols() / l.group};
+  const TensorView scales = l.mode == Mode::affine ? view_of(l.scales, l.float_dtype, sshape, sp)
+                                                   : TensorView(l.scales.data(), DType::uint8, sshape);
+  TensorView biases;
+  if (l.mode == Mode::affine) biases = view_of(l.biases, l.float_dtype, sshape, bp);
+  try {
+    return dequantize(packed, scales, l.mode == Mode::affine ? &biases : nullptr, l.spec(), dt);
+  } catch (const Error& e) {
+    throw Error("layer " + detail::quote(l.module) + ": " + e.what());
+  }
+}
+
+// ---- tensors to write
+
+Out entry(std::string name, StDType dt, Shape shape, std::span<const std::byte> data) {
+  Out o;
+  o.entry = {std::move(name), dt, std::move(shape)};
+  o.data = data;
+  return o;
+}
+
+Out scalar(std::string name, Shape shape, float v) {
+  Out o = entry(std::move(name), StDType::f32, std::move(shape));
+  std::memcpy(o.scalar.data(), &v, 4);
+  o.inline_scalar = true;
+  return o;
+}
+
+// ---- mapped input
+
+void release(std::span<const std::byte> bytes) {
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  auto b = reinterpret_cast<std::uintptr_t>(bytes.data());
+  std::uintptr_t e = b + bytes.size();
+  b = (b + page - 1) & ~(page - 1);
+  e &= ~(page - 1);
+  // Only whole pages inside the range; the mapping is read-only and private, so dropping pages
+  // loses nothing: they are read back from the page cache if touched again.
+  if (e > b) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
+void release_sources(const Checkpoint& ck, const Layer& l) {
+  for (const Source& s : l.sources) release(ck.tensor(s.tensor).data);
+}
+
+// ---- text
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+std::string fmt_shape(const Shape& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string fmt_float(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+}  // namespace microscale::io::ck

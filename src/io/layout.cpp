@@ -1,0 +1,242 @@
+// What the layouts share: the table of them, detection of a checkpoint's layers, the config
+// block's common part, fused groups, and the checks their readers apply.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "io/layout.hpp"
+
+namespace microscale::io {
+
+const char* name(Convention c) {
+  for (const ck::LayoutOps* l : ck::layouts())
+    if (l->convention == c) return l->name;
+  return "?";
+}
+
+Convention convention_from_name(std::string_view s) {
+  for (const ck::LayoutOps* l : ck::layouts())
+    if (s == l->name || (l->alias && s == l->alias)) return l->convention;
+  throw Error("unknown export format '" + std::string(s) + "' (expected " + ck::layouts_with(nullptr, false) + ")");
+}
+
+namespace ck {
+
+std::span<const LayoutOps* const> layouts() {
+  // Detection tries them in this order.
+  static const LayoutOps* const all[] = {&kCompressedTensorsLayout, &kModelOptLayout, &kMlxLayout};
+  return all;
+}
+
+const LayoutOps& layout(Convention c) {
+  for (const LayoutOps* l : layouts())
+    if (l->convention == c) return *l;
+  throw Error("unknown checkpoint layout " + std::to_string(static_cast<int>(c)));
+}
+
+std::string layouts_with(bool LayoutOps::*flag, bool titles) {
+  std::vector<std::string> names;
+  for (const LayoutOps* l : layouts())
+    if (!flag || l->*flag) names.push_back(titles ? l->title : l->name);
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
+std::string module_of(std::string_view n) {
+  // No layout's suffix ends another's, so at most one matches.
+  for (const LayoutOps* l : layouts())
+    for (std::string_view suf : l->suffixes)
+      if (ends_with(n, suf)) return std::string(n.substr(0, n.size() - suf.size()));
+  return std::string(n);
+}
+
+std::vector<Out> emit(const Layer& l, Convention c) {
+  check_dims(l);
+  std::vector<Out> out;
+  layout(c).emit(l, out);
+  return out;
+}
+
+// ---- detection
+
+Detected detect(const Checkpoint& ck, const Json& config) {
+  Detected d;
+  std::set<std::string> kinds;
+  for (const std::string& n : ck.names()) {
+    if (d.consumed.count(n)) continue;
+    for (const LayoutOps* lay : layouts()) {
+      if (!lay->is_primary(ck, n)) continue;
+      Layer l = lay->read(ck, config, module_of(n));
+      kinds.insert(lay->name);
+      d.convention = lay->convention;
+      for (const Source& s : l.sources) d.consumed.insert(s.tensor);
+      d.layers.push_back(std::move(l));
+      break;
+    }
+  }
+  // A tensor named like a part of a quantized layer that the layer's layout does not read (a
+  // ModelOpt layer beside "m.input_global_scale", say) is a mix of layouts: another layout would
+  // read it as part of the layer, so it can neither be dropped nor copied through.
+  std::set<std::string> modules;
+  for (const Layer& l : d.layers) modules.insert(l.module);
+  // Quantized data we cannot interpret: 8-bit float weights (FP8 checkpoints), leftover scales.
+  for (const std::string& n : ck.names()) {
+    if (d.consumed.count(n)) continue;
+    if (const std::string m = module_of(n); m != n && modules.count(m)) {
+      d.strays.push_back(n);
+      continue;
+    }
+    const StTensor& t = ck.tensor(n);
+    const bool fp8 = t.dtype == StDType::f8_e4m3 || t.dtype == StDType::f8_e5m2 || t.dtype == StDType::f4 ||
+                     t.dtype == StDType::f8_e8m0;
+    if (fp8 || ends_with(n, ".weight_scale") || ends_with(n, ".weight_zero_point") || ends_with(n, ".weight_shape"))
+      d.unsupported.push_back(n);
+  }
+  if (kinds.size() > 1) {
+    std::string all;
+    for (const std::string& k : kinds) all += (all.empty() ? "" : ", ") + k;
+    throw Error("checkpoint mixes quantized layouts (" + all + ")");
+  }
+  return d;
+}
+
+void check_unsupported(const Detected& d) {
+  if (!d.strays.empty()) {
+    const std::string& n = d.strays[0];
+    throw Error("tensor " + detail::quote(n) + " is named like a part of quantized layer " +
+                detail::quote(module_of(n)) + ", but the " + d.convention_name() +
+                " layout does not use it (a mix of layouts?); remove or rename it" +
+                (d.strays.size() > 1 ? " (and " + std::to_string(d.strays.size() - 1) + " more like it)" : ""));
+  }
+  if (d.unsupported.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < d.unsupported.size() && i < 3; ++i) list += (i ? ", " : "") + detail::quote(d.unsupported[i]);
+  std::string supported;
+  for (const LayoutOps* l : layouts()) supported += (supported.empty() ? "" : ", ") + std::string(l->supported);
+  throw Error("checkpoint holds quantized tensors microscale cannot read (e.g. " + list + "); supported: " + supported);
+}
+
+// ---- fused groups
+
+std::vector<std::vector<std::string>> fused_groups(const std::vector<std::string>& modules) {
+  static const std::vector<std::vector<std::string>> sets = {
+      {"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"}, {"query", "key", "value"},
+      {"w1", "w3"},                   {"wq", "wk", "wv"}};
+  std::map<std::string, std::vector<std::string>> groups;  // parent + set -> members
+  for (const std::string& m : modules) {
+    const std::size_t dot = m.rfind('.');
+    const std::string parent = dot == std::string::npos ? "" : m.substr(0, dot + 1);
+    const std::string last = m.substr(dot == std::string::npos ? 0 : dot + 1);
+    for (std::size_t i = 0; i < sets.size(); ++i)
+      if (std::find(sets[i].begin(), sets[i].end(), last) != sets[i].end())
+        groups[parent + "#" + std::to_string(i)].push_back(m);
+  }
+  std::vector<std::vector<std::string>> out;
+  for (auto& [key, members] : groups)
+    if (members.size() >= 2) out.push_back(std::move(members));
+  return out;
+}
+
+std::vector<FusedScales> fused_global_scales(const std::vector<Layer>& layers) {
+  std::vector<std::string> mods;
+  std::map<std::string, float> amax;
+  for (const Layer& l : layers)
+    if (l.mode == Mode::nvfp4 && l.global.three_level()) {
+      mods.push_back(l.module);
+      amax[l.module] = l.global.to_amax();
+    }
+  std::vector<FusedScales> out;
+  for (const auto& g : fused_groups(mods)) {
+    FusedScales f;
+    f.lo = INFINITY;
+    for (const std::string& m : g) {
+      const float a = amax[m];
+      f.members.emplace_back(m, a);
+      f.lo = std::min(f.lo, a);
+      f.hi = std::max(f.hi, a);
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+// ---- configs
+
+Json apply_config(Json& config, std::optional<Convention> c, const QuantMeta& meta) {
+  if (!config.is_object()) config = Json::object();
+  for (const char* k : {"quantization_config", "quantization"}) config.erase(k);
+  if (!c) return nullptr;
+
+  // One (mode, group, bits) for the whole model, the most common; some layouts take per-layer
+  // overrides, the others need a single scheme.
+  std::map<std::tuple<int, int, int>, std::size_t> count;
+  for (const Layer* l : meta.layers) ++count[{static_cast<int>(l->mode), l->group, l->bits}];
+  if (count.empty()) throw Error("no quantized layers to describe in config.json");
+  auto best = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) { return a.second < b.second; });
+  const auto [mode_i, group, bits] = best->first;
+  const LayoutOps& lay = layout(*c);
+  if (count.size() > 1 && !lay.per_layer_schemes)
+    throw Error(std::string("layers use several quantization schemes; ") + lay.name + " export needs a single one");
+
+  Json ignore = Json::array();
+  for (const std::string& m : meta.ignore) ignore.push_back(m);
+  return lay.write_config(config, {static_cast<Mode>(mode_i), group, bits}, ignore, meta);
+}
+
+// ---- reading
+
+const StTensor* find(const Checkpoint& ck, const std::string& name) {
+  return ck.contains(name) ? &ck.tensor(name) : nullptr;
+}
+
+const StTensor& need(const Checkpoint& ck, const std::string& module, const std::string& name, const char* what) {
+  const StTensor* t = find(ck, name);
+  if (!t) layer_error(module, "missing tensor " + detail::quote(name) + " (" + what + ")");
+  return *t;
+}
+
+void check_shape(const StTensor& t, StDType dt, const Shape& shape) {
+  if (t.dtype != dt || t.shape != shape)
+    throw Error("tensor " + detail::quote(t.name) + " is " + st_dtype_name(t.dtype) + " " + fmt_shape(t.shape) +
+                ", expected " + st_dtype_name(dt) + " " + fmt_shape(shape));
+}
+
+Shape rows_cols(const StTensor& t) {
+  if (t.shape.size() != 2)
+    throw Error("tensor " + detail::quote(t.name) + " has shape " + fmt_shape(t.shape) +
+                "; only 2-D quantized weights are supported");
+  return t.shape;
+}
+
+std::int64_t unpacked_cols(const std::string& m, const StTensor& packed, int item_bits, int bits) {
+  const std::int64_t total = mul(m, packed.shape[1], item_bits,
+                                 "packed weight " + fmt_shape(packed.shape) + " " + st_dtype_name(packed.dtype) + ": bits per row");
+  if (total % bits != 0) layer_error(m, "packed width does not hold whole " + std::to_string(bits) + "-bit elements");
+  return total / bits;
+}
+
+float scalar_f32(const StTensor& t, const std::string& what) {
+  if (t.dtype != StDType::f32 || t.numel() != 1)
+    throw Error("tensor " + detail::quote(t.name) + " (" + what + ") must be one F32 value, got " +
+                st_dtype_name(t.dtype) + " " + fmt_shape(t.shape));
+  float v;
+  std::memcpy(&v, t.data.data(), 4);
+  return v;
+}
+
+// A stored scale must be finite and so must the amax it stands for: 2688 / 1e-40 is not, and a
+// layer every operation would refuse later must be refused by all of them up front.
+void check_global(const Layer& l) {
+  auto bad = [](const Global& g) {
+    return (g.kind == Global::Kind::stored && !g.convention->valid(g.value)) || !std::isfinite(g.to_amax());
+  };
+  if (bad(l.global)) layer_error(l.module, "invalid global scale: " + l.global.describe());
+  if (l.act && bad(*l.act)) layer_error(l.module, "invalid activation scale: " + l.act->describe());
+}
+
+}  // namespace ck
+}  // namespace microscale::io

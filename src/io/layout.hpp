@@ -1,0 +1,111 @@
+// The checkpoint layouts (docs/checkpoints.md): one module per ecosystem (layout_ct.cpp,
+// layout_modelopt.cpp, layout_mlx.cpp) fills a LayoutOps table with how it names, types and shapes
+// a layer's tensors, stores the global scale, and reads and writes its config. Adding an
+// ecosystem is one such module plus its entry in `layouts()` (layout.cpp) and its enumerator in
+// Convention (checkpoint.hpp).
+#pragma once
+
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/layer.hpp"
+
+namespace microscale::io::ck {
+
+// What the config files say about the layers written.
+struct QuantMeta {
+  std::vector<const Layer*> layers;   // may be skeletons (no data)
+  std::vector<std::string> ignore;    // weight-like tensors' modules left unquantized
+  bool w4a4 = false;
+};
+
+// The (mode, group, bits) most layers use.
+struct Scheme {
+  Mode mode;
+  int group, bits;
+};
+
+struct LayoutOps {
+  Convention convention;
+  const char* name;       // on the command line and in reports: "modelopt"
+  const char* alias;      // another accepted name, or null
+  const char* title;      // as messages name it: "ModelOpt"
+  const char* supported;  // what it reads, for messages: "ModelOpt NVFP4"
+  std::span<const std::string_view> suffixes;  // of every tensor name it gives a layer: ".weight_packed", ...
+  bool global_scale;       // stores the nvfp4 global scale (three-level); else nvfp4 is two-level
+  bool activation_scales;  // stores static activation scales (W4A4)
+  bool per_layer_schemes;  // its config describes layers of different schemes
+  const char* shard_format;  // the safetensors metadata "format" its files carry, or null to keep the input's
+
+  // Whether `tensor` is the first tensor of a layer in this layout (detection).
+  bool (*is_primary)(const Checkpoint& ck, std::string_view tensor);
+  Layer (*read)(const Checkpoint& ck, const Json& config, const std::string& module);
+  // quantize: sets the layout's customary scale rule when the user chose none (may be null), and
+  // refuses up front a spec it cannot hold that a layer would not show (may be null).
+  void (*default_scale_rule)(QuantSpec& spec);
+  void (*check_spec)(const QuantSpec& spec);
+  // Appends `l`'s tensors in write order; throws naming the layer when the layout cannot hold it.
+  void (*emit)(const Layer& l, std::vector<Out>& out);
+  // Writes the quantization block into `config`; returns hf_quant_config.json's content, or null.
+  Json (*write_config)(Json& config, const Scheme& common, const Json& ignore, const QuantMeta& meta);
+};
+
+extern const LayoutOps kCompressedTensorsLayout, kModelOptLayout, kMlxLayout;
+std::span<const LayoutOps* const> layouts();
+const LayoutOps& layout(Convention c);
+// "a or b" / "a, b or c" over the layouts with `flag` set (all with null), by name or by title.
+std::string layouts_with(bool LayoutOps::*flag, bool titles);
+
+// The tensors of `l` in layout `c`, in write order (with empty data when only planning).
+// Throws Error naming the layer when `c` cannot hold it.
+std::vector<Out> emit(const Layer& l, Convention c);
+
+// Quantized layers found in a checkpoint and the tensors they use.
+struct Detected {
+  std::optional<Convention> convention;
+  std::vector<Layer> layers;
+  std::set<std::string> consumed;            // tensor names that belong to a layer
+  std::vector<std::string> unsupported;      // quantized tensors of layouts we cannot read
+  std::vector<std::string> strays;           // named like a part of a quantized layer its layout does not read
+
+  std::string convention_name() const { return convention ? name(*convention) : "none"; }
+};
+Detected detect(const Checkpoint& ck, const Json& config);
+// Refuses strays and unsupported tensors (convert, dequantize, load).
+void check_unsupported(const Detected& d);
+
+// Groups of sibling modules that vLLM fuses into one GEMM (q/k/v, gate/up, ...), only groups of
+// two or more that are all in `modules`.
+std::vector<std::vector<std::string>> fused_groups(const std::vector<std::string>& modules);
+// The fused groups of three-level nvfp4 layers, each with its members' amaxes.
+struct FusedScales {
+  std::vector<std::pair<std::string, float>> members;  // module, amax
+  float lo = 0, hi = 0;
+  bool differ() const { return lo != hi; }
+};
+std::vector<FusedScales> fused_global_scales(const std::vector<Layer>& layers);
+
+// Rewrites `config` (an object) for layout `c` and returns hf_quant_config.json (ModelOpt) or
+// null. With c unset, removes every quantization block (dequantize).
+Json apply_config(Json& config, std::optional<Convention> c, const QuantMeta& meta);
+
+// The module of a layer tensor: the name without any layout's suffix (".weight", ".scales", ...).
+std::string module_of(std::string_view tensor_name);
+
+// ---- for the layout modules' readers
+
+const StTensor* find(const Checkpoint& ck, const std::string& name);
+const StTensor& need(const Checkpoint& ck, const std::string& module, const std::string& name, const char* what);
+void check_shape(const StTensor& t, StDType dt, const Shape& shape);
+Shape rows_cols(const StTensor& t);  // refuses all but 2-D
+// K of a packed weight: its width in `item_bits`-bit words (U8 or U32) holding `bits`-bit elements.
+std::int64_t unpacked_cols(const std::string& m, const StTensor& packed, int item_bits, int bits);
+float scalar_f32(const StTensor& t, const std::string& what);
+// Refuses a stored global or activation scale that is invalid, or whose amax is not finite.
+void check_global(const Layer& l);
+
+}  // namespace microscale::io::ck

@@ -1,0 +1,134 @@
+// compressed-tensors (llm-compressor, vLLM): nvfp4-pack-quantized and mxfp4-pack-quantized.
+//   <m>.weight_packed U8 [N, K/2], <m>.weight_scale F8_E4M3 [N, K/16] (nvfp4) or U8 E8M0 [N, K/32]
+//   (mxfp4), <m>.weight_global_scale F32 [1] = 2688/amax (nvfp4, the encode factor),
+//   <m>.input_global_scale F32 [1] (W4A4 only); config.json quantization_config.
+#include <cfloat>
+#include <cmath>
+
+#include "io/layout.hpp"
+
+namespace microscale::io::ck {
+
+namespace {
+
+// S_enc of FORMATS.md 2.1: the encode factor microscale's nvfp4 quantizer uses for `amax`.
+float s_enc(float amax) {
+  float s = std::fmin(k2688 / amax, FLT_MAX);
+  if (amax == 0 || s == 0) s = 1.0f;
+  return s;
+}
+
+// The stored value is the encode factor; decoding divides by it.
+constinit const ScaleConvention kEncodeFactor{
+    "weight_global_scale", "2688/amax", [](float gs) { return k2688 / gs; }, s_enc,
+    [](float gs) { return std::isfinite(gs) && gs > 0; }};
+
+constexpr std::string_view kSuffixes[] = {".weight_packed", ".weight_scale", ".weight_global_scale",
+                                          ".input_global_scale"};
+
+// llm-compressor's rule for mxfp4 scales: the same bytes as its own export.
+void default_scale_rule(QuantSpec& spec) {
+  if (spec.mode == Mode::mxfp4) spec.scale_rule = ScaleRule::even;
+}
+
+bool is_primary(const Checkpoint&, std::string_view tensor) { return ends_with(tensor, ".weight_packed"); }
+
+Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
+  Layer l;
+  l.module = m;
+  const StTensor& p = need(ck, m, m + ".weight_packed", "packed weights");
+  if (p.dtype != StDType::u8)
+    layer_error(m, "weight_packed is " + std::string(st_dtype_name(p.dtype)) +
+                       "; only the nvfp4-pack-quantized and mxfp4-pack-quantized formats (uint8) are supported");
+  const Shape pk = rows_cols(p);
+  l.shape = {pk[0], unpacked_cols(m, p, 8, 4)};
+  const StTensor& s = need(ck, m, m + ".weight_scale", "block scales");
+  l.sources = {{p.name, Role::packed}, {s.name, Role::scales}};
+  if (s.dtype == StDType::f8_e4m3) {
+    l.mode = Mode::nvfp4;
+    l.group = 16;
+    const StTensor& g = need(ck, m, m + ".weight_global_scale", "global scale");
+    l.global = Global::stored_as(kEncodeFactor, scalar_f32(g, "global scale"));
+    l.sources.push_back({g.name, Role::global_scale});
+    if (const StTensor* a = find(ck, m + ".input_global_scale")) {
+      l.act = Global::stored_as(kEncodeFactor, scalar_f32(*a, "activation global scale"));
+      l.sources.push_back({a->name, Role::activation_scale});
+    }
+  } else if (s.dtype == StDType::u8 || s.dtype == StDType::f8_e8m0) {
+    l.mode = Mode::mxfp4;
+    l.group = 32;
+  } else {
+    layer_error(m, std::string("weight_scale dtype ") + st_dtype_name(s.dtype) + " is neither F8_E4M3 (nvfp4) nor U8 (mxfp4)");
+  }
+  check_dims(l);
+  check_shape(s, s.dtype, {l.rows(), l.cols() / l.group});
+  l.packed = p.data;
+  l.scales = s.data;
+  check_global(l);
+  (void)l.spec();  // validates mode/group/bits and the global scale
+  return l;
+}
+
+void emit_ct(const Layer& l, std::vector<Out>& out) {
+  const std::string& m = l.module;
+  const std::int64_t n = l.rows(), k = l.cols();
+  if (l.mode == Mode::nvfp4) {
+    out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));
+    out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / 16}, l.scales));
+    out.push_back(scalar(m + ".weight_global_scale", {1}, l.global.as(kEncodeFactor)));
+    if (l.act) out.push_back(scalar(m + ".input_global_scale", {1}, l.act->as(kEncodeFactor)));
+  } else if (l.mode == Mode::mxfp4) {
+    out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));
+    out.push_back(entry(m + ".weight_scale", StDType::u8, {n, k / 32}, l.scales));
+  } else {
+    layer_error(m, std::string("compressed-tensors has no layout for ") + name(l.mode) + " " +
+                       std::to_string(l.bits) + "-bit (it takes nvfp4 and mxfp4)");
+  }
+}
+
+Json write_config(Json& config, const Scheme& common, const Json& ignore, const QuantMeta& meta) {
+  const bool nv = common.mode == Mode::nvfp4;
+  Json w = {{"num_bits", 4}, {"type", "float"}, {"strategy", nv ? "tensor_group" : "group"},
+            {"group_size", common.group}, {"symmetric", true}, {"dynamic", false},
+            {"scale_dtype", nv ? "float8_e4m3fn" : "uint8"}};
+  Json g = {{"targets", Json::array({"Linear"})}, {"weights", w}};
+  if (meta.w4a4) {
+    Json a = w;
+    a["dynamic"] = "local";  // per-block activation scales at run time, static global scale
+    g["input_activations"] = a;
+  } else {
+    g["input_activations"] = nullptr;  // weight-only: NVFP4A16 / MXFP4A16
+  }
+  g["output_activations"] = nullptr;
+  g["format"] = nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized";
+  config["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                                   {"format", nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized"},
+                                   {"quantization_status", "compressed"},
+                                   {"config_groups", {{"group_0", g}}},
+                                   {"ignore", ignore},
+                                   {"kv_cache_scheme", nullptr}};
+  return nullptr;
+}
+
+}  // namespace
+
+constinit const LayoutOps kCompressedTensorsLayout{
+    .convention = Convention::compressed_tensors,
+    .name = "compressed-tensors",
+    .alias = "ct",
+    .title = "compressed-tensors",
+    .supported = "compressed-tensors nvfp4/mxfp4-pack-quantized",
+    .suffixes = kSuffixes,
+    .global_scale = true,
+    .activation_scales = true,
+    .per_layer_schemes = false,
+    .shard_format = nullptr,
+    .is_primary = is_primary,
+    .read = read_ct,
+    .default_scale_rule = default_scale_rule,
+    .check_spec = nullptr,
+    .emit = emit_ct,
+    .write_config = write_config,
+};
+
+}  // namespace microscale::io::ck

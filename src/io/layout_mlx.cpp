@@ -1,0 +1,171 @@
+// MLX (mlx-lm): nvfp4 (two-level: mlx-lm stores no global scale), mxfp4, mxfp8 (E4M3) and affine.
+//   <m>.weight U32 [N, K*bits/32], <m>.scales [N, K/group] (U8 codes for fp modes, the weight's
+//   dtype for affine), <m>.biases (affine); config.json "quantization" {group_size, bits, mode}
+//   with per-module overrides, mirrored as "quantization_config".
+#include <limits>
+
+#include "io/layout.hpp"
+
+namespace microscale::io::ck {
+
+namespace {
+
+constexpr std::string_view kSuffixes[] = {".weight", ".scales", ".biases"};
+
+bool is_primary(const Checkpoint& ck, std::string_view tensor) {
+  return ends_with(tensor, ".scales") && ck.contains(module_of(tensor) + ".weight");
+}
+
+// MLX's quantization block: the global one with a module's own overrides applied. Integers are
+// kept at full width so that a hostile 2^32 + 4 is not read as 4.
+struct MlxParams {
+  std::optional<std::string> mode;
+  std::optional<std::int64_t> group, bits;
+};
+MlxParams mlx_params(const Json& config, const std::string& m) {
+  MlxParams p;
+  if (!config.is_object()) return p;
+  auto q = config.find("quantization");
+  if (q == config.end() || !q->is_object()) {
+    q = config.find("quantization_config");
+    if (q == config.end() || !q->is_object() || !q->contains("bits")) return p;
+  }
+  auto integer = [&m](const Json& v, const char* key) -> std::optional<std::int64_t> {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      layer_error(m, std::string("config.json gives ") + key + " " + v.dump() + ", out of range");
+    if (v.is_number_integer()) return v.get<std::int64_t>();
+    return std::nullopt;
+  };
+  auto take = [&](const Json& o) {
+    if (auto it = o.find("mode"); it != o.end() && it->is_string()) p.mode = it->get<std::string>();
+    if (auto it = o.find("group_size"); it != o.end())
+      if (auto v = integer(*it, "group_size")) p.group = v;
+    if (auto it = o.find("bits"); it != o.end())
+      if (auto v = integer(*it, "bits")) p.bits = v;
+  };
+  take(*q);
+  if (auto it = q->find(m); it != q->end() && it->is_object()) take(*it);
+  return p;
+}
+
+// The fp mode of uint8 scales from the ratio of packed words to scales per row.
+std::optional<Mode> mode_from_ratio(std::int64_t words, std::int64_t scales) {
+  if (words % scales != 0) return std::nullopt;
+  switch (words / scales) {
+    case 2: return Mode::nvfp4;
+    case 4: return Mode::mxfp4;
+    case 8: return Mode::mxfp8;
+    default: return std::nullopt;
+  }
+}
+
+Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
+  Layer l;
+  l.module = m;
+  const StTensor& w = need(ck, m, m + ".weight", "packed weights");
+  const StTensor& s = need(ck, m, m + ".scales", "scales");
+  if (w.dtype != StDType::u32) layer_error(m, std::string("MLX packed weight is ") + st_dtype_name(w.dtype) + ", expected U32");
+  const Shape ws = rows_cols(w), ss = rows_cols(s);
+  if (ss[0] != ws[0] || ss[1] == 0) layer_error(m, "scales " + fmt_shape(ss) + " do not fit weight " + fmt_shape(ws));
+  // Bits per packed row, before anything divides by or multiplies the width.
+  (void)mul(m, ws[1], 32, "packed weight " + fmt_shape(ws) + " U32: bits per row");
+  const MlxParams cfg = mlx_params(config, m);
+  l.sources = {{w.name, Role::packed}, {s.name, Role::scales}};
+  if (s.dtype == StDType::u8) {
+    // fp modes; without a config the ratio of packed words to scales tells them apart.
+    if (cfg.mode && *cfg.mode != "affine") {
+      l.mode = mode_from_name(*cfg.mode);
+    } else if (const std::optional<Mode> mode = mode_from_ratio(ws[1], ss[1])) {
+      l.mode = *mode;
+    } else {
+      layer_error(m, "cannot tell the fp mode of uint8 scales " + fmt_shape(ss) + " for weight " + fmt_shape(ws));
+    }
+    l.bits = l.mode == Mode::mxfp8 ? 8 : 4;
+    l.group = l.mode == Mode::nvfp4 ? 16 : 32;
+    l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
+  } else if (s.dtype == StDType::f32 || s.dtype == StDType::f16 || s.dtype == StDType::bf16) {
+    if (cfg.mode && *cfg.mode != "affine") layer_error(m, "config says mode " + *cfg.mode + " but scales are " + st_dtype_name(s.dtype));
+    if (!cfg.bits) layer_error(m, "MLX affine layer, but config.json has no \"quantization\" block giving its bits");
+    // Range-checked here because K divides by it; resolve() (via spec()) then takes only 2-6 and 8.
+    if (*cfg.bits < 1 || *cfg.bits > 8)
+      layer_error(m, "config.json gives bits " + std::to_string(*cfg.bits) + " (expected 2, 3, 4, 5, 6 or 8)");
+    l.mode = Mode::affine;
+    l.bits = static_cast<int>(*cfg.bits);
+    l.float_dtype = s.dtype;
+    l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
+    const std::int64_t k = l.cols();
+    if (k % ss[1] != 0) layer_error(m, "scales " + fmt_shape(ss) + " do not divide K = " + std::to_string(k));
+    const std::int64_t group = k / ss[1];
+    if (group < 1 || group > 1024)
+      layer_error(m, "scales " + fmt_shape(ss) + " over K = " + std::to_string(k) + " give group size " +
+                         std::to_string(group) + " (MLX affine uses 32, 64 or 128)");
+    l.group = static_cast<int>(group);
+    const StTensor& b = need(ck, m, m + ".biases", "affine biases");
+    check_shape(b, s.dtype, ss);
+    l.biases = b.data;
+    l.sources.push_back({b.name, Role::biases});
+  } else {
+    layer_error(m, std::string("MLX scales of dtype ") + st_dtype_name(s.dtype));
+  }
+  if (cfg.group && l.mode != Mode::affine && *cfg.group != l.group && cfg.mode)
+    layer_error(m, "config group_size " + std::to_string(*cfg.group) + " does not match " + name(l.mode));
+  check_dims(l);
+  check_shape(s, s.dtype, {l.rows(), l.cols() / l.group});
+  l.packed = w.data;
+  l.scales = s.data;
+  (void)l.spec();  // validates mode/group/bits
+  return l;
+}
+
+void check_spec(const QuantSpec& spec) {
+  if (spec.mode == Mode::mxfp8 && spec.elem != Elem::e4m3) throw Error("MLX mxfp8 is E4M3; E5M2 elements have no MLX layout");
+}
+
+void emit_mlx(const Layer& l, std::vector<Out>& out) {
+  const std::string& m = l.module;
+  const std::int64_t n = l.rows(), k = l.cols();
+  if (l.mode == Mode::nvfp4 && l.global.three_level() && l.global.to_amax() != k2688)
+    layer_error(m, "MLX (mlx-lm) nvfp4 is two-level and stores no global scale, but this layer has " +
+                       l.global.describe() +
+                       "; its bytes cannot be kept. Re-quantize instead: microscale dequantize, then "
+                       "microscale quantize --export mlx");
+  if (k * l.bits % 32 != 0) layer_error(m, "K * bits is not a multiple of 32 (MLX packs uint32 words)");
+  out.push_back(entry(m + ".weight", StDType::u32, {n, k * l.bits / 32}, l.packed));
+  const StDType sd = l.mode == Mode::affine ? l.float_dtype : StDType::u8;
+  out.push_back(entry(m + ".scales", sd, {n, k / l.group}, l.scales));
+  if (l.mode == Mode::affine) out.push_back(entry(m + ".biases", sd, {n, k / l.group}, l.biases));
+}
+
+Json write_config(Json& config, const Scheme& common, const Json&, const QuantMeta& meta) {
+  const auto [mode, group, bits] = common;
+  Json q = {{"group_size", group}, {"bits", bits}, {"mode", name(mode)}};
+  for (const Layer* l : meta.layers)
+    if (l->mode != mode || l->group != group || l->bits != bits)
+      q[l->module] = {{"group_size", l->group}, {"bits", l->bits}, {"mode", name(l->mode)}};
+  config["quantization"] = q;
+  config["quantization_config"] = q;
+  return nullptr;
+}
+
+}  // namespace
+
+constinit const LayoutOps kMlxLayout{
+    .convention = Convention::mlx,
+    .name = "mlx",
+    .alias = nullptr,
+    .title = "MLX",
+    .supported = "MLX",
+    .suffixes = kSuffixes,
+    .global_scale = false,
+    .activation_scales = false,
+    .per_layer_schemes = true,
+    .shard_format = "mlx",  // what mlx.core.save_safetensors writes
+    .is_primary = is_primary,
+    .read = read_mlx,
+    .default_scale_rule = nullptr,
+    .check_spec = check_spec,
+    .emit = emit_mlx,
+    .write_config = write_config,
+};
+
+}  // namespace microscale::io::ck

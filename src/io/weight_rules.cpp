@@ -1,0 +1,72 @@
+// The rules that pick the weights to quantize and the ignore list of what stays in high precision.
+#include <algorithm>
+
+#include "io/layout.hpp"
+#include "io/weight_rules.hpp"
+
+namespace microscale::io {
+
+std::string why_kept(std::string_view name, const Shape& shape, StDType dtype) {
+  return ck::keep_text(ck::default_keep(name, shape, dtype), shape, dtype);
+}
+
+namespace ck {
+
+Keep default_keep(std::string_view name, const Shape& shape, StDType dtype) {
+  if (!ends_with(name, ".weight")) return Keep::not_weight;
+  if (shape.size() != 2) return Keep::rank;
+  if (dtype != StDType::f32 && dtype != StDType::bf16 && dtype != StDType::f16) return Keep::dtype;
+  const std::string m = module_of(name);
+  const std::string last = m.substr(m.rfind('.') + 1);
+  if (last == "lm_head") return Keep::lm_head;
+  if (m.find("embed") != std::string::npos || last == "wte" || last == "wpe") return Keep::embedding;
+  if (m.find("norm") != std::string::npos || last.rfind("ln", 0) == 0) return Keep::norm;
+  // MoE routers: tiny, and every runtime keeps them in high precision.
+  if (last == "gate" || last == "router" || last == "shared_expert_gate") return Keep::router;
+  return Keep::quantize;
+}
+
+std::string keep_text(Keep k, const Shape& shape, StDType dtype, int group) {
+  switch (k) {
+    case Keep::quantize: return "";
+    case Keep::not_weight: return "not a .weight";
+    case Keep::rank: return std::to_string(shape.size()) + "-D";
+    case Keep::dtype: return std::string("dtype ") + st_dtype_name(dtype);
+    case Keep::lm_head: return "lm_head";
+    case Keep::embedding: return "embedding";
+    case Keep::norm: return "norm";
+    case Keep::router: return "router";
+    case Keep::excluded: return "excluded";
+    case Keep::group:
+      return "K = " + std::to_string(shape[1]) + " is not a multiple of the group size " + std::to_string(group);
+  }
+  return "";
+}
+
+bool by_name(Keep k) { return k == Keep::lm_head || k == Keep::embedding || k == Keep::router || k == Keep::norm; }
+
+bool stacked_experts(std::string_view name, const Shape& shape) {
+  return shape.size() >= 3 && name.find("experts") != std::string_view::npos;
+}
+
+bool looks_like_weight(std::string_view name, const Shape& shape) {
+  return (ends_with(name, ".weight") && shape.size() >= 2) || stacked_experts(name, shape);
+}
+
+std::string owner_module(const std::string& name) {
+  if (ends_with(name, ".weight")) return module_of(name);
+  const std::size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+void add_ignored(std::vector<std::string>& ignore, const std::string& module, Keep k) {
+  if (k == Keep::embedding || k == Keep::norm) return;
+  if (std::find(ignore.begin(), ignore.end(), module) == ignore.end()) ignore.push_back(module);
+}
+
+void add_ignored_tensor(std::vector<std::string>& ignore, const std::string& name, const Shape& shape, StDType dtype) {
+  if (looks_like_weight(name, shape)) add_ignored(ignore, owner_module(name), default_keep(name, shape, dtype));
+}
+
+}  // namespace ck
+}  // namespace microscale::io
