@@ -177,16 +177,12 @@ nb::object py_decode(const InArray& codes, const std::string& fmt_name) {
 }
 
 void py_set_backend(const std::string& name) {
-  if (name == "cpu") {
-    ms::set_backend(ms::Backend::cpu);
-  } else if (name == "reference") {
-    ms::set_backend(ms::Backend::reference);
-  } else {
-    throw ms::Error("unknown backend '" + name + "' (expected cpu or reference)");
-  }
+  const std::optional<ms::Backend> b = ms::backend_from_name(name);
+  if (!b) throw ms::Error("unknown backend '" + name + "' (expected cpu or reference)");
+  ms::set_backend(*b);
 }
 
-std::string py_backend() { return ms::backend() == ms::Backend::cpu ? "cpu" : "reference"; }
+std::string py_backend() { return ms::name(ms::backend()); }
 
 }  // namespace
 

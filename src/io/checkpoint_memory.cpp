@@ -16,18 +16,18 @@ using namespace ck;
 // A layer over `q`'s buffers, after checking that they are what `q.spec` and `q.shape` say.
 Layer checked_layer(const std::string& m, const Quantized& q, const std::optional<float>& input_amax) {
   const QuantSpec s = resolve(q.spec);
-  if (q.shape.size() != 2) throw Error("layer " + detail::quote(m) + ": only 2-D weights, got " + fmt_shape(q.shape));
+  if (q.shape.size() != 2) throw Error("layer " + detail::quote(m) + ": only 2-D weights, got " + shape_str(q.shape, ShapeStyle::list));
   const std::int64_t n = q.shape[0], k = q.shape[1];
   // Bounds before any shape arithmetic: k * bits must not wrap.
   if (n < 0 || k < 0 || k > std::numeric_limits<std::int64_t>::max() / 64)
-    throw Error("layer " + detail::quote(m) + ": shape " + fmt_shape(q.shape) + " is out of range");
+    throw Error("layer " + detail::quote(m) + ": shape " + shape_str(q.shape, ShapeStyle::list) + " is out of range");
   if (k % s.group_size != 0) throw Error("layer " + detail::quote(m) + ": K is not a multiple of the group size");
   const Shape ps = {n, k * s.bits / 8}, ss = {n, k / s.group_size};
   const DType sd = s.mode == Mode::affine ? q.scales.dtype() : DType::uint8;
   if (q.packed.dtype() != DType::uint8 || q.packed.shape() != ps)
-    throw Error("layer " + detail::quote(m) + ": packed must be uint8 " + fmt_shape(ps) + ", got " + dtype_name(q.packed.dtype()) + " " + fmt_shape(q.packed.shape()));
+    throw Error("layer " + detail::quote(m) + ": packed must be uint8 " + shape_str(ps, ShapeStyle::list) + ", got " + dtype_name(q.packed.dtype()) + " " + shape_str(q.packed.shape(), ShapeStyle::list));
   if (q.scales.shape() != ss || q.scales.dtype() != sd || (s.mode == Mode::affine && !is_float(sd)))
-    throw Error("layer " + detail::quote(m) + ": scales must be " + dtype_name(sd) + " " + fmt_shape(ss) + ", got " + dtype_name(q.scales.dtype()) + " " + fmt_shape(q.scales.shape()));
+    throw Error("layer " + detail::quote(m) + ": scales must be " + dtype_name(sd) + " " + shape_str(ss, ShapeStyle::list) + ", got " + dtype_name(q.scales.dtype()) + " " + shape_str(q.scales.shape(), ShapeStyle::list));
   if (s.mode == Mode::affine && (q.biases.shape() != ss || q.biases.dtype() != sd))
     throw Error("layer " + detail::quote(m) + ": biases must match the scales");
   if (s.layout != Layout::compact) throw Error("layer " + detail::quote(m) + ": checkpoints store compact scales");
@@ -95,7 +95,7 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
     for (const Out& o : outs) all.push_back({o.entry.name, o.entry.dtype, o.entry.shape, o.bytes()});
   for (const RawTensor& t : data.tensors) {
     if (st_nbytes(t.dtype, t.shape) != t.data.size())
-      throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " + st_dtype_name(t.dtype) + " " + fmt_shape(t.shape));
+      throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " + st_dtype_name(t.dtype) + " " + shape_str(t.shape, ShapeStyle::list));
     all.push_back({t.name, t.dtype, t.shape, t.data});
     add_ignored_tensor(meta.ignore, t.name, t.shape, t.dtype);
   }

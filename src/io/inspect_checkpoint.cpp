@@ -51,7 +51,7 @@ void describe_part(InspectRow& row, const StTensor& t, const Layer& l, Role role
   switch (role) {
     case Role::packed:
       row.format = mode + " packed";
-      row.detail = "logical " + fmt_shape(l.shape) + ", group " + std::to_string(l.group) + ", " +
+      row.detail = "logical " + shape_str(l.shape, ShapeStyle::list) + ", group " + std::to_string(l.group) + ", " +
                    std::to_string(l.bits) + " bits" + (l.mode == Mode::nvfp4 ? ", " + l.global.describe() : "");
       if (stats) {
         const Tensor y = dequantize_layer(l, DType::float32);

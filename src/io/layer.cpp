@@ -56,11 +56,11 @@ std::int64_t mul(const std::string& module, std::int64_t a, std::int64_t b, cons
 void check_dims(const Layer& l) {
   const std::string& m = l.module;
   if (l.shape.size() != 2 || l.rows() < 0 || l.cols() < 0)
-    layer_error(m, "logical shape " + fmt_shape(l.shape) + " is not a 2-D shape");
+    layer_error(m, "logical shape " + shape_str(l.shape, ShapeStyle::list) + " is not a 2-D shape");
   if (l.group < 1) layer_error(m, "group size " + std::to_string(l.group) + " (must be at least 1)");
   if (l.cols() % l.group != 0)
     layer_error(m, "K = " + std::to_string(l.cols()) + " is not a multiple of the group size " + std::to_string(l.group));
-  (void)mul(m, mul(m, l.rows(), l.cols(), "elements of " + fmt_shape(l.shape)), 8, "bytes of " + fmt_shape(l.shape));
+  (void)mul(m, mul(m, l.rows(), l.cols(), "elements of " + shape_str(l.shape, ShapeStyle::list)), 8, "bytes of " + shape_str(l.shape, ShapeStyle::list));
   (void)mul(m, l.cols(), 64, "bits in a row of K = " + std::to_string(l.cols()));
 }
 
@@ -156,16 +156,6 @@ void release_sources(const Checkpoint& ck, const Layer& l) {
 }
 
 // ---- text
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-std::string fmt_shape(const Shape& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 std::string fmt_float(double v) {
   char buf[32];

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/numerics.hpp"
 #include "io/detail.hpp"
 #include "microscale/checkpoint.hpp"
 
@@ -19,7 +20,7 @@ namespace fs = std::filesystem;
 using detail::Json;
 
 // The nvfp4 amax that a two-level layer (no global scale, decode factor 1) stands for.
-inline constexpr float k2688 = 2688.0f;
+inline constexpr float k2688 = numerics::kNvfp4Range;
 
 // How a layout stores the nvfp4 global scale (docs/checkpoints.md, "Global-scale conventions").
 // Each layout module defines its own.
@@ -108,8 +109,6 @@ Out scalar(std::string name, Shape shape, float v);
 void release(std::span<const std::byte> bytes);
 void release_sources(const Checkpoint& ck, const Layer& l);
 
-bool ends_with(std::string_view s, std::string_view suffix);
-std::string fmt_shape(const Shape& s);
 std::string fmt_float(double v);
 
 }  // namespace microscale::io::ck

@@ -50,7 +50,7 @@ std::string module_of(std::string_view n) {
   // No layout's suffix ends another's, so at most one matches.
   for (const LayoutOps* l : layouts())
     for (std::string_view suf : l->suffixes)
-      if (ends_with(n, suf)) return std::string(n.substr(0, n.size() - suf.size()));
+      if (n.ends_with(suf)) return std::string(n.substr(0, n.size() - suf.size()));
   return std::string(n);
 }
 
@@ -93,7 +93,7 @@ Detected detect(const Checkpoint& ck, const Json& config) {
     const StTensor& t = ck.tensor(n);
     const bool fp8 = t.dtype == StDType::f8_e4m3 || t.dtype == StDType::f8_e5m2 || t.dtype == StDType::f4 ||
                      t.dtype == StDType::f8_e8m0;
-    if (fp8 || ends_with(n, ".weight_scale") || ends_with(n, ".weight_zero_point") || ends_with(n, ".weight_shape"))
+    if (fp8 || n.ends_with(".weight_scale") || n.ends_with(".weight_zero_point") || n.ends_with(".weight_shape"))
       d.unsupported.push_back(n);
   }
   if (kinds.size() > 1) {
@@ -201,20 +201,20 @@ const StTensor& need(const Checkpoint& ck, const std::string& module, const std:
 
 void check_shape(const StTensor& t, StDType dt, const Shape& shape) {
   if (t.dtype != dt || t.shape != shape)
-    throw Error("tensor " + detail::quote(t.name) + " is " + st_dtype_name(t.dtype) + " " + fmt_shape(t.shape) +
-                ", expected " + st_dtype_name(dt) + " " + fmt_shape(shape));
+    throw Error("tensor " + detail::quote(t.name) + " is " + st_dtype_name(t.dtype) + " " + shape_str(t.shape, ShapeStyle::list) +
+                ", expected " + st_dtype_name(dt) + " " + shape_str(shape, ShapeStyle::list));
 }
 
 Shape rows_cols(const StTensor& t) {
   if (t.shape.size() != 2)
-    throw Error("tensor " + detail::quote(t.name) + " has shape " + fmt_shape(t.shape) +
+    throw Error("tensor " + detail::quote(t.name) + " has shape " + shape_str(t.shape, ShapeStyle::list) +
                 "; only 2-D quantized weights are supported");
   return t.shape;
 }
 
 std::int64_t unpacked_cols(const std::string& m, const StTensor& packed, int item_bits, int bits) {
   const std::int64_t total = mul(m, packed.shape[1], item_bits,
-                                 "packed weight " + fmt_shape(packed.shape) + " " + st_dtype_name(packed.dtype) + ": bits per row");
+                                 "packed weight " + shape_str(packed.shape, ShapeStyle::list) + " " + st_dtype_name(packed.dtype) + ": bits per row");
   if (total % bits != 0) layer_error(m, "packed width does not hold whole " + std::to_string(bits) + "-bit elements");
   return total / bits;
 }
@@ -222,7 +222,7 @@ std::int64_t unpacked_cols(const std::string& m, const StTensor& packed, int ite
 float scalar_f32(const StTensor& t, const std::string& what) {
   if (t.dtype != StDType::f32 || t.numel() != 1)
     throw Error("tensor " + detail::quote(t.name) + " (" + what + ") must be one F32 value, got " +
-                st_dtype_name(t.dtype) + " " + fmt_shape(t.shape));
+                st_dtype_name(t.dtype) + " " + shape_str(t.shape, ShapeStyle::list));
   float v;
   std::memcpy(&v, t.data.data(), 4);
   return v;

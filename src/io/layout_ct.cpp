@@ -11,12 +11,8 @@ namespace microscale::io::ck {
 
 namespace {
 
-// S_enc of FORMATS.md 2.1: the encode factor microscale's nvfp4 quantizer uses for `amax`.
-float s_enc(float amax) {
-  float s = std::fmin(k2688 / amax, FLT_MAX);
-  if (amax == 0 || s == 0) s = 1.0f;
-  return s;
-}
+// The encode factor microscale's nvfp4 quantizer uses for `amax`.
+float s_enc(float amax) { return numerics::nvfp4_tensor(true, amax).s_enc; }
 
 // The stored value is the encode factor; decoding divides by it.
 constinit const ScaleConvention kEncodeFactor{
@@ -31,7 +27,7 @@ void default_scale_rule(QuantSpec& spec) {
   if (spec.mode == Mode::mxfp4) spec.scale_rule = ScaleRule::even;
 }
 
-bool is_primary(const Checkpoint&, std::string_view tensor) { return ends_with(tensor, ".weight_packed"); }
+bool is_primary(const Checkpoint&, std::string_view tensor) { return tensor.ends_with(".weight_packed"); }
 
 Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
   Layer l;
@@ -46,7 +42,7 @@ Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
   l.sources = {{p.name, Role::packed}, {s.name, Role::scales}};
   if (s.dtype == StDType::f8_e4m3) {
     l.mode = Mode::nvfp4;
-    l.group = 16;
+    l.group = numerics::kNvfp4Group;
     const StTensor& g = need(ck, m, m + ".weight_global_scale", "global scale");
     l.global = Global::stored_as(kEncodeFactor, scalar_f32(g, "global scale"));
     l.sources.push_back({g.name, Role::global_scale});
@@ -56,7 +52,7 @@ Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
     }
   } else if (s.dtype == StDType::u8 || s.dtype == StDType::f8_e8m0) {
     l.mode = Mode::mxfp4;
-    l.group = 32;
+    l.group = numerics::kMxGroup;
   } else {
     layer_error(m, std::string("weight_scale dtype ") + st_dtype_name(s.dtype) + " is neither F8_E4M3 (nvfp4) nor U8 (mxfp4)");
   }
@@ -74,7 +70,7 @@ void emit_ct(const Layer& l, std::vector<Out>& out) {
   const std::int64_t n = l.rows(), k = l.cols();
   if (l.mode == Mode::nvfp4) {
     out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));
-    out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / 16}, l.scales));
+    out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / numerics::kNvfp4Group}, l.scales));
     out.push_back(scalar(m + ".weight_global_scale", {1}, l.global.as(kEncodeFactor)));
     if (l.act) out.push_back(scalar(m + ".input_global_scale", {1}, l.act->as(kEncodeFactor)));
   } else if (l.mode == Mode::mxfp4) {

@@ -13,7 +13,7 @@ namespace {
 constexpr std::string_view kSuffixes[] = {".weight", ".scales", ".biases"};
 
 bool is_primary(const Checkpoint& ck, std::string_view tensor) {
-  return ends_with(tensor, ".scales") && ck.contains(module_of(tensor) + ".weight");
+  return tensor.ends_with(".scales") && ck.contains(module_of(tensor) + ".weight");
 }
 
 // MLX's quantization block: the global one with a module's own overrides applied. Integers are
@@ -66,9 +66,9 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
   const StTensor& s = need(ck, m, m + ".scales", "scales");
   if (w.dtype != StDType::u32) layer_error(m, std::string("MLX packed weight is ") + st_dtype_name(w.dtype) + ", expected U32");
   const Shape ws = rows_cols(w), ss = rows_cols(s);
-  if (ss[0] != ws[0] || ss[1] == 0) layer_error(m, "scales " + fmt_shape(ss) + " do not fit weight " + fmt_shape(ws));
+  if (ss[0] != ws[0] || ss[1] == 0) layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " do not fit weight " + shape_str(ws, ShapeStyle::list));
   // Bits per packed row, before anything divides by or multiplies the width.
-  (void)mul(m, ws[1], 32, "packed weight " + fmt_shape(ws) + " U32: bits per row");
+  (void)mul(m, ws[1], 32, "packed weight " + shape_str(ws, ShapeStyle::list) + " U32: bits per row");
   const MlxParams cfg = mlx_params(config, m);
   l.sources = {{w.name, Role::packed}, {s.name, Role::scales}};
   if (s.dtype == StDType::u8) {
@@ -78,10 +78,10 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     } else if (const std::optional<Mode> mode = mode_from_ratio(ws[1], ss[1])) {
       l.mode = *mode;
     } else {
-      layer_error(m, "cannot tell the fp mode of uint8 scales " + fmt_shape(ss) + " for weight " + fmt_shape(ws));
+      layer_error(m, "cannot tell the fp mode of uint8 scales " + shape_str(ss, ShapeStyle::list) + " for weight " + shape_str(ws, ShapeStyle::list));
     }
-    l.bits = l.mode == Mode::mxfp8 ? 8 : 4;
-    l.group = l.mode == Mode::nvfp4 ? 16 : 32;
+    l.bits = numerics::default_bits(l.mode);
+    l.group = numerics::default_group_size(l.mode);
     l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
   } else if (s.dtype == StDType::f32 || s.dtype == StDType::f16 || s.dtype == StDType::bf16) {
     if (cfg.mode && *cfg.mode != "affine") layer_error(m, "config says mode " + *cfg.mode + " but scales are " + st_dtype_name(s.dtype));
@@ -94,10 +94,10 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     l.float_dtype = s.dtype;
     l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
     const std::int64_t k = l.cols();
-    if (k % ss[1] != 0) layer_error(m, "scales " + fmt_shape(ss) + " do not divide K = " + std::to_string(k));
+    if (k % ss[1] != 0) layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " do not divide K = " + std::to_string(k));
     const std::int64_t group = k / ss[1];
     if (group < 1 || group > 1024)
-      layer_error(m, "scales " + fmt_shape(ss) + " over K = " + std::to_string(k) + " give group size " +
+      layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " over K = " + std::to_string(k) + " give group size " +
                          std::to_string(group) + " (MLX affine uses 32, 64 or 128)");
     l.group = static_cast<int>(group);
     const StTensor& b = need(ck, m, m + ".biases", "affine biases");

@@ -20,7 +20,7 @@ constinit const ScaleConvention kDecodeFactor{
 
 constexpr std::string_view kSuffixes[] = {".weight", ".weight_scale", ".weight_scale_2", ".input_scale"};
 
-bool is_primary(const Checkpoint&, std::string_view tensor) { return ends_with(tensor, ".weight_scale_2"); }
+bool is_primary(const Checkpoint&, std::string_view tensor) { return tensor.ends_with(".weight_scale_2"); }
 
 Layer read_modelopt(const Checkpoint& ck, const Json&, const std::string& m) {
   Layer l;
@@ -34,9 +34,9 @@ Layer read_modelopt(const Checkpoint& ck, const Json&, const std::string& m) {
   const Shape pk = rows_cols(p);
   l.shape = {pk[0], unpacked_cols(m, p, 8, 4)};
   l.mode = Mode::nvfp4;
-  l.group = 16;
+  l.group = numerics::kNvfp4Group;
   check_dims(l);
-  check_shape(s, StDType::f8_e4m3, {l.rows(), l.cols() / 16});
+  check_shape(s, StDType::f8_e4m3, {l.rows(), l.cols() / numerics::kNvfp4Group});
   l.global = Global::stored_as(kDecodeFactor, scalar_f32(g, "weight_scale_2"));
   l.sources = {{p.name, Role::packed}, {s.name, Role::scales}, {g.name, Role::global_scale}};
   if (const StTensor* a = find(ck, m + ".input_scale")) {
@@ -55,7 +55,7 @@ void emit_modelopt(const Layer& l, std::vector<Out>& out) {
   if (l.mode != Mode::nvfp4) layer_error(m, std::string("ModelOpt export holds nvfp4 only, not ") + name(l.mode));
   const std::int64_t n = l.rows(), k = l.cols();
   out.push_back(entry(m + ".weight", StDType::u8, {n, k / 2}, l.packed));
-  out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / 16}, l.scales));
+  out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / numerics::kNvfp4Group}, l.scales));
   out.push_back(scalar(m + ".weight_scale_2", {}, l.global.as(kDecodeFactor)));
   if (l.act) out.push_back(scalar(m + ".input_scale", {}, l.act->as(kDecodeFactor)));
 }

@@ -16,7 +16,7 @@ constexpr std::uintmax_t kMaxConfigBytes = 64u << 20;
 
 bool is_checkpoint_file(const fs::path& rel) {
   const std::string f = rel.filename().string();
-  return ends_with(f, ".safetensors") || ends_with(f, ".safetensors.index.json") ||
+  return f.ends_with(".safetensors") || f.ends_with(".safetensors.index.json") ||
          (rel.parent_path().empty() && (f == "config.json" || f == "hf_quant_config.json"));
 }
 
@@ -25,7 +25,7 @@ bool is_checkpoint_file(const fs::path& rel) {
 bool is_other_weights(const fs::path& rel) {
   const std::string f = rel.filename().string();
   for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz"})
-    if (ends_with(f, ext)) return true;
+    if (f.ends_with(ext)) return true;
   return f.find(".tmp.") != std::string::npos;  // a crashed writer's leftovers
 }
 

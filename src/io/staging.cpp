@@ -31,13 +31,13 @@ bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid)
 bool holds_checkpoint(const fs::path& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename() == "config.json" || ends_with(e.path().filename().string(), ".safetensors")) return true;
+    if (e.path().filename() == "config.json" || e.path().filename().string().ends_with(".safetensors")) return true;
   return false;
 }
 
 bool is_checkpoint_file(const fs::path& name) {
   const std::string f = name.string();
-  return ends_with(f, ".safetensors") || ends_with(f, ".safetensors.index.json") || f == "config.json" ||
+  return f.ends_with(".safetensors") || f.ends_with(".safetensors.index.json") || f == "config.json" ||
          f == "hf_quant_config.json" || f == kIncomplete;
 }
 

@@ -13,7 +13,7 @@ std::string why_kept(std::string_view name, const Shape& shape, StDType dtype) {
 namespace ck {
 
 Keep default_keep(std::string_view name, const Shape& shape, StDType dtype) {
-  if (!ends_with(name, ".weight")) return Keep::not_weight;
+  if (!name.ends_with(".weight")) return Keep::not_weight;
   if (shape.size() != 2) return Keep::rank;
   if (dtype != StDType::f32 && dtype != StDType::bf16 && dtype != StDType::f16) return Keep::dtype;
   const std::string m = module_of(name);
@@ -50,11 +50,11 @@ bool stacked_experts(std::string_view name, const Shape& shape) {
 }
 
 bool looks_like_weight(std::string_view name, const Shape& shape) {
-  return (ends_with(name, ".weight") && shape.size() >= 2) || stacked_experts(name, shape);
+  return (name.ends_with(".weight") && shape.size() >= 2) || stacked_experts(name, shape);
 }
 
 std::string owner_module(const std::string& name) {
-  if (ends_with(name, ".weight")) return module_of(name);
+  if (name.ends_with(".weight")) return module_of(name);
   const std::size_t dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(0, dot);
 }
