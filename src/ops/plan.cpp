@@ -91,7 +91,9 @@ DType matmul_dtype(const Arg& x, const Arg& scales, const QuantSpec& s) {
 
 }  // namespace
 
-Shape leading(const Shape& s, std::size_t drop) { return Shape(s.begin(), s.end() - static_cast<std::ptrdiff_t>(drop)); }
+Shape leading(const Shape& s, std::size_t drop) {
+  return Shape(s.begin(), s.end() - static_cast<std::ptrdiff_t>(drop));
+}
 
 Shape with_last(Shape s, std::int64_t last) {
   s.back() = last;
