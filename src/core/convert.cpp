@@ -59,9 +59,13 @@ Rows rows_of(const TensorView& x) {
   return r;
 }
 
+void check_index_dtype(DType dtype, const char* op, const char* what) {
+  if (dtype != DType::int32 && dtype != DType::int64 && dtype != DType::uint32)
+    throw Error(std::string(op) + ": " + what + " must be int32, int64 or uint32, got " + dtype_name(dtype));
+}
+
 std::vector<std::int64_t> read_indices(const TensorView& idx, std::int64_t limit, const char* op, const char* what) {
-  if (idx.dtype != DType::int32 && idx.dtype != DType::int64 && idx.dtype != DType::uint32)
-    throw Error(std::string(op) + ": " + what + " must be int32, int64 or uint32, got " + dtype_name(idx.dtype));
+  check_index_dtype(idx.dtype, op, what);
   const Tensor t = contiguous(idx);
   std::vector<std::int64_t> v(static_cast<std::size_t>(t.numel()));
   for (std::size_t i = 0; i < v.size(); ++i) {

@@ -62,6 +62,7 @@ Rows rows_of(const TensorView& x);
 
 // Integer indices (int32, int64 or uint32, any strides) as int64, each checked to lie in [0, limit);
 // errors name the op and the argument.
+void check_index_dtype(DType dtype, const char* op, const char* what);
 std::vector<std::int64_t> read_indices(const TensorView& idx, std::int64_t limit, const char* op, const char* what);
 
 }  // namespace microscale::detail

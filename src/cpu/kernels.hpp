@@ -44,4 +44,11 @@ inline constexpr std::int64_t kGemvMaxRows = 8;
 void quantized_matmul(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias,
                       float* y);
 
+// qqmm on codes, as reference::qqmm: x packed [M, K*bits/8] with compact scales [M, K/group], w
+// likewise [N, ...]; y [M, N] float32 = alpha * (x @ w^T) (+ bias [N]). spec is x's resolved spec
+// (nvfp4, mxfp4 or mxfp8); its global scale is not used (alpha carries the tensor factors).
+void qqmm(const std::uint8_t* px, const std::uint8_t* sx, const std::uint8_t* pw, const std::uint8_t* sw,
+          std::int64_t M, std::int64_t N, std::int64_t K, const QuantSpec& spec, float alpha, const float* bias,
+          float* y);
+
 }  // namespace microscale::cpu

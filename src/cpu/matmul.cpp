@@ -1,10 +1,13 @@
 // quantized_matmul module: the fused GEMV (cpu/gemv-inl.h) for up to kGemvMaxRows rows of x and
-// the panel GEMM (cpu/gemm-inl.h) beyond, behind one dispatch per call.
+// the panel GEMM (cpu/gemm-inl.h) beyond, behind one dispatch per call; and qqmm composed of
+// dequantize and that product.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/matmul.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+
+#include <vector>
 
 #include "cpu/gemm-inl.h"
 #include "cpu/gemv-inl.h"
@@ -37,6 +40,24 @@ HWY_EXPORT(QuantizedMatmul);
 void quantized_matmul(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias,
                       float* y) {
   HWY_DYNAMIC_DISPATCH(QuantizedMatmul)(x, M, w, transpose, bias, y);
+}
+
+void qqmm(const std::uint8_t* px, const std::uint8_t* sx, const std::uint8_t* pw, const std::uint8_t* sw,
+          std::int64_t M, std::int64_t N, std::int64_t K, const QuantSpec& spec, float alpha, const float* bias,
+          float* y) {
+  // Two-level values (element times block scale) are exact in float32 on both sides, so their
+  // products are the exact block products; alpha applies once to the float32 sum.
+  QuantSpec two_level = spec;
+  two_level.global_scale.reset();
+  std::vector<float> xd(static_cast<std::size_t>(M * K));
+  dequantize(px, reinterpret_cast<const std::byte*>(sx), nullptr, DType::uint8, M, K, two_level, DType::float32,
+             reinterpret_cast<std::byte*>(xd.data()));
+  const QuantizedMatrix wm{pw, reinterpret_cast<const std::byte*>(sw), nullptr, DType::uint8, N, K, two_level};
+  quantized_matmul(xd.data(), M, wm, true, nullptr, y);
+  for (std::int64_t i = 0; i < M * N; ++i) {
+    const float v = alpha * y[i];
+    y[i] = bias ? v + bias[i % N] : v;
+  }
 }
 
 }  // namespace microscale::cpu

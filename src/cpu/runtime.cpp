@@ -1,4 +1,4 @@
-// Backend, SIMD target and thread settings: the one place that decides where ops run.
+// SIMD target and thread settings of the CPU backend (the backend itself is chosen in src/ops).
 #include "microscale/runtime.hpp"
 
 #include <hwy/targets.h>
@@ -71,14 +71,12 @@ Settings& settings();
 
 struct Settings {
   std::mutex mu;
-  Backend backend = Backend::cpu;
   std::atomic<int> threads{1};
   std::atomic<int> budget{1};  // threads not held by running calls
 
   std::int64_t machine_targets = runnable_targets();  // before any forcing
 
   Settings() {
-    if (env("MICROSCALE_BACKEND") == "reference") backend = Backend::reference;
     threads = default_threads();
     budget = threads.load();
     // A forked child has none of the parent's running calls, whose leases it would never return.
@@ -106,12 +104,6 @@ Settings& settings() {
 }
 
 }  // namespace
-
-Backend backend() { return settings().backend; }
-void set_backend(Backend b) {
-  std::lock_guard<std::mutex> lock(settings().mu);
-  settings().backend = b;
-}
 
 void set_cpu_target(const std::string& name) {
   Settings& s = settings();

@@ -1,13 +1,16 @@
 // Internal host-side plumbing of the CUDA backend: error checks, stream-ordered scratch memory,
-// argument checks shared by the ops, and the entry points one translation unit offers another.
+// the device side of the ops' plans (pointers, caller-allocated outputs) and the entry points one
+// translation unit offers another.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <string>
 
 #include "cuda/blocks.cuh"
 #include "microscale/cuda.hpp"
+#include "ops/plan.hpp"
 
 namespace microscale::cuda::detail {
 
@@ -18,7 +21,7 @@ inline void require(bool ok, const std::string& msg) {
   if (!ok) throw Error(msg);
 }
 
-inline std::int64_t roundup(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+using ops::roundup;
 
 // Device memory owned until the end of scope, allocated and freed in stream order.
 class Scratch {
@@ -49,13 +52,18 @@ void check_tensor(const DeviceTensor& t, DType dtype, const Shape& shape, const 
 void check_float_tensor(const DeviceTensor& t, const Shape& shape, const std::string& what);
 void check_pointer(const DeviceTensor& t, const std::string& what);
 
-// A quantized operand checked against its resolved spec. q.rows counts all leading axes
-// (flattened); the matmuls reinterpret them as batches of matrices.
-struct Operand {
-  QuantizedArgs q;
-  Shape shape;  // logical [..., K]
+// A device operand as the plans (ops/plan.hpp) read it: biases are passed where the mode reads
+// them (affine) or the caller set them (an error for the fp modes). The kernels read packed
+// bytes, so packed must be uint8 (the host ops also take MLX's uint32 words).
+struct OperandArgs {
+  ops::Arg packed, scales;
+  std::optional<ops::Arg> biases;
 };
-Operand check_operand(const DeviceQuantized& w, const QuantSpec& resolved, const std::string& op);
+OperandArgs operand_args(const DeviceQuantized& w, Mode mode, const std::string& op);
+// The kernels' view of a planned operand, its pointers checked; `rows` of one stored matrix
+// (all leading axes flattened for quantize/dequantize, the matmuls take one matrix's).
+QuantizedArgs bind_operand(const ops::OperandPlan& p, const DeviceQuantized& w, std::int64_t rows,
+                           const std::string& op);
 
 // Compact uint8 scales [R, C] to the zero-padded swizzled layout [roundup(R,128), roundup(C,4)].
 void swizzle(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::uint8_t* out, Stream stream);

@@ -17,15 +17,14 @@
 #include <deque>
 #include <vector>
 
+#include "core/convert.hpp"
 #include "cuda/device.hpp"
 
 namespace microscale::cuda {
 namespace detail {
 namespace {
 
-struct BatchPair {
-  std::int64_t x, w;  // matrix indices into x's and w's flattened batches
-};
+using ops::BatchPair;
 
 struct MatmulArgs {
   const void* x;  // batches of M x K
@@ -300,64 +299,16 @@ void run_matmul(MatmulArgs a, const std::vector<BatchPair>& pairs, Stream stream
   }
 }
 
-Shape leading(const Shape& s, std::size_t drop) {
-  return Shape(s.begin(), s.end() - static_cast<std::ptrdiff_t>(drop));
-}
-
-Shape broadcast_shapes(const Shape& a, const Shape& b, const std::string& what) {
-  Shape out(std::max(a.size(), b.size()));
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const std::int64_t da = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
-    const std::int64_t db = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
-    require(da == db || da == 1 || db == 1, what + " " + shape_str(a) + " and " + shape_str(b) + " do not broadcast");
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
-// For each row-major position of `out`, the flat position in `src` that broadcasts to it.
-std::vector<std::int64_t> broadcast_map(const Shape& src, const Shape& out) {
-  std::vector<std::int64_t> map(static_cast<std::size_t>(numel(out)));
-  const std::size_t lead = out.size() - src.size();
-  for (std::size_t i = 0; i < map.size(); ++i) {
-    std::int64_t rest = static_cast<std::int64_t>(i), off = 0, stride = 1;
-    for (std::size_t d = out.size(); d-- > lead;) {
-      const std::int64_t idx = rest % out[d];
-      rest /= out[d];
-      if (src[d - lead] != 1) off += idx * stride;
-      stride *= src[d - lead];
-    }
-    map[i] = off;
-  }
-  return map;
-}
-
-// A checked (possibly batched) weight: stored matrices of rows x cols values.
-struct Weight {
-  QuantizedArgs q;
-  Shape batch;
-  std::int64_t rows, cols;
-};
-
-Weight check_weight(const DeviceQuantized& w, const QuantSpec& s, const std::string& op) {
-  const Operand o = check_operand(w, s, op);
-  require(o.shape.size() >= 2, op + ": quantized weight must have rank >= 2, got " + shape_str(o.shape));
-  require(s.layout == Layout::compact || o.shape.size() == 2,
-          op + ": swizzled scales are only supported for 2-D weights");
-  Weight out{o.q, leading(o.shape, 2), o.shape[o.shape.size() - 2], o.shape.back()};
-  out.q.rows = out.rows;
-  return out;
-}
-
-MatmulArgs matmul_args(const DeviceTensor& x, const Weight& w, bool transpose, const DeviceTensor& y,
+MatmulArgs matmul_args(const ops::MatmulPlan& p, const DeviceTensor& x, const QuantizedArgs& w, const DeviceTensor& y,
                        const DeviceTensor* bias, float alpha) {
   MatmulArgs a{};
   a.x = x.data;
   a.x_dtype = x.dtype;
-  a.w = w.q;
-  a.transpose = transpose;
-  a.K = transpose ? w.cols : w.rows;
-  a.N = transpose ? w.rows : w.cols;
+  a.w = w;
+  a.transpose = p.transpose;
+  a.M = p.M;
+  a.N = p.N;
+  a.K = p.K;
   a.alpha = alpha;
   a.bias = bias ? bias->data : nullptr;
   a.bias_dtype = bias ? bias->dtype : DType::float32;
@@ -370,38 +321,27 @@ MatmulArgs matmul_args(const DeviceTensor& x, const Weight& w, bool transpose, c
 // Three-level nvfp4 weights enter the kernels as two-level values; their factor is alpha.
 float weight_alpha(const QuantizedArgs& q) { return q.three_level ? numerics::nvfp4_tensor_decode(q.amax) : 1.0f; }
 
-void check_bias(const DeviceTensor* bias, std::int64_t N, const std::string& op) {
-  if (bias) check_float_tensor(*bias, {N}, op + ": bias");
+// Checks the device side of a planned product (pointers; y, which the caller allocated, against
+// the planned output) and runs it.
+void run_plan(const ops::MatmulPlan& p, const DeviceTensor& x, const DeviceQuantized& w, const DeviceTensor& y,
+              const DeviceTensor* bias, const std::string& op, Stream stream) {
+  check_pointer(x, op + ": x");
+  const QuantizedArgs q = bind_operand(p.w.q, w, p.w.rows, op);
+  check_float_tensor(y, p.out_shape, op + ": output");
+  if (bias) check_pointer(*bias, op + ": bias");
+  run_matmul(matmul_args(p, x, q, y, bias, weight_alpha(q)), p.pairs, stream);
 }
 
+// Device indices copied to the host and read there as the host op reads its own.
 std::vector<std::int64_t> read_indices(const DeviceTensor& idx, std::int64_t limit, const char* what, Stream stream) {
   const std::string op = "gather_qmm";
-  require(idx.dtype == DType::int32 || idx.dtype == DType::int64 || idx.dtype == DType::uint32,
-          op + ": " + what + " must be int32, int64 or uint32, got " + dtype_name(idx.dtype));
   check_pointer(idx, op + ": " + what);
-  const std::size_t n = static_cast<std::size_t>(idx.numel()), size = dtype_size(idx.dtype);
-  std::vector<unsigned char> raw(n * size);
-  if (n) {
+  std::vector<unsigned char> raw(static_cast<std::size_t>(idx.numel()) * dtype_size(idx.dtype));
+  if (!raw.empty()) {
     check(cudaMemcpyAsync(raw.data(), idx.data, raw.size(), cudaMemcpyDeviceToHost, stream), op);
     check(cudaStreamSynchronize(stream), op);
   }
-  std::vector<std::int64_t> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (idx.dtype == DType::int32) {
-      std::int32_t e;
-      std::memcpy(&e, raw.data() + i * size, size);
-      v[i] = e;
-    } else if (idx.dtype == DType::uint32) {
-      std::uint32_t e;
-      std::memcpy(&e, raw.data() + i * size, size);
-      v[i] = e;
-    } else {
-      std::memcpy(&v[i], raw.data() + i * size, size);
-    }
-    require(v[i] >= 0 && v[i] < limit, op + ": " + what + " value " + std::to_string(v[i]) + " at position " +
-                                           std::to_string(i) + " is out of range [0, " + std::to_string(limit) + ")");
-  }
-  return v;
+  return microscale::detail::read_indices(TensorView(raw.data(), idx.dtype, idx.shape), limit, op.c_str(), what);
 }
 
 bool blackwell_or_newer() {
@@ -419,28 +359,11 @@ using namespace detail;
 void quantized_matmul(const DeviceTensor& x, const DeviceQuantized& w, bool transpose, const QuantSpec& spec,
                       const DeviceTensor& y, const DeviceTensor* bias, Stream stream) {
   const std::string op = "quantized_matmul";
-  const QuantSpec s = resolve(spec);
-  require(is_float(x.dtype), op + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
-  require(!x.shape.empty(), op + ": x must have rank >= 1");
-  check_pointer(x, op + ": x");
-  const Weight wt = check_weight(w, s, op);
-  MatmulArgs a = matmul_args(x, wt, transpose, y, bias, weight_alpha(wt.q));
-  require(x.shape.back() == a.K, op + ": x has K = " + std::to_string(x.shape.back()) + " but the weight " +
-                                     (transpose ? "[N, K] = " : "[K, N] = ") + shape_str({wt.rows, wt.cols}) +
-                                     " needs K = " + std::to_string(a.K));
-  const bool vector = x.shape.size() == 1;
-  const Shape x_batch = vector ? Shape{} : leading(x.shape, 2);
-  a.M = vector ? 1 : x.shape[x.shape.size() - 2];
-  const Shape batch = broadcast_shapes(x_batch, wt.batch, op + ": batch shapes");
-  Shape out_shape = batch;
-  if (!vector) out_shape.push_back(a.M);
-  out_shape.push_back(a.N);
-  check_float_tensor(y, out_shape, op + ": output");
-  check_bias(bias, a.N, op);
-  const std::vector<std::int64_t> xmap = broadcast_map(x_batch, batch), wmap = broadcast_map(wt.batch, batch);
-  std::vector<BatchPair> pairs(xmap.size());
-  for (std::size_t i = 0; i < pairs.size(); ++i) pairs[i] = {xmap[i], wmap[i]};
-  run_matmul(a, pairs, stream);
+  const OperandArgs wa = operand_args(w, spec.mode, op);
+  const std::optional<ops::Arg> bias_arg = ops::optional_arg(bias);
+  const ops::MatmulPlan p = ops::plan_quantized_matmul(ops::arg_of(x), wa.packed, wa.scales, ops::opt_ptr(wa.biases),
+                                                       transpose, spec, ops::opt_ptr(bias_arg));
+  run_plan(p, x, w, y, bias, op, stream);
 }
 
 void gather_qmm(const DeviceTensor& x, const DeviceQuantized& w, const DeviceTensor* lhs_indices,
@@ -448,73 +371,37 @@ void gather_qmm(const DeviceTensor& x, const DeviceQuantized& w, const DeviceTen
                 bool /*sorted_indices: every output matrix is computed independently either way*/, Stream stream) {
   if (!lhs_indices && !rhs_indices) return quantized_matmul(x, w, transpose, spec, y, nullptr, stream);
   const std::string op = "gather_qmm";
-  const QuantSpec s = resolve(spec);
-  require(is_float(x.dtype), op + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
-  require(x.shape.size() >= 2, op + ": x must have rank >= 2 ([..., M, K])");
-  check_pointer(x, op + ": x");
-  const Weight wt = check_weight(w, s, op);
-  MatmulArgs a = matmul_args(x, wt, transpose, y, nullptr, weight_alpha(wt.q));
-  require(x.shape.back() == a.K,
-          op + ": x has K = " + std::to_string(x.shape.back()) + " but the weight needs K = " + std::to_string(a.K));
-  const Shape x_batch = leading(x.shape, 2);
-  a.M = x.shape[x.shape.size() - 2];
-  auto indices = [&](const DeviceTensor* given, const Shape& batch, const char* what) {
-    const std::int64_t limit = numel(batch);
-    std::pair<std::vector<std::int64_t>, Shape> r;
-    if (given) {
-      r.first = read_indices(*given, limit, what, stream);
-      r.second = given->shape;
-    } else {
-      r.first.resize(static_cast<std::size_t>(limit));
-      for (std::int64_t i = 0; i < limit; ++i) r.first[static_cast<std::size_t>(i)] = i;
-      r.second = batch;
-    }
-    return r;
+  const OperandArgs wa = operand_args(w, spec.mode, op);
+  const std::optional<ops::Arg> lhs_arg = ops::optional_arg(lhs_indices), rhs_arg = ops::optional_arg(rhs_indices);
+  auto read = [&](ops::Side side, std::int64_t limit, const char* what) {
+    return read_indices(side == ops::Side::lhs ? *lhs_indices : *rhs_indices, limit, what, stream);
   };
-  const auto [lhs, lhs_shape] = indices(lhs_indices, x_batch, "lhs_indices");
-  const auto [rhs, rhs_shape] = indices(rhs_indices, wt.batch, "rhs_indices");
-  Shape out_shape = broadcast_shapes(lhs_shape, rhs_shape, op + ": index shapes");
-  const std::vector<std::int64_t> lmap = broadcast_map(lhs_shape, out_shape),
-                                  rmap = broadcast_map(rhs_shape, out_shape);
-  out_shape.push_back(a.M);
-  out_shape.push_back(a.N);
-  check_float_tensor(y, out_shape, op + ": output");
-  std::vector<BatchPair> pairs(lmap.size());
-  for (std::size_t i = 0; i < pairs.size(); ++i)
-    pairs[i] = {lhs[static_cast<std::size_t>(lmap[i])], rhs[static_cast<std::size_t>(rmap[i])]};
-  run_matmul(a, pairs, stream);
+  const ops::MatmulPlan p =
+      ops::plan_gather_qmm(ops::arg_of(x), wa.packed, wa.scales, ops::opt_ptr(wa.biases), ops::opt_ptr(lhs_arg),
+                           ops::opt_ptr(rhs_arg), transpose, spec, read);
+  run_plan(p, x, w, y, nullptr, op, stream);
 }
 
 void qqmm(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor* w_scales, const QuantSpec& spec,
           std::optional<float> global_scale_x, std::optional<float> global_scale_w, const DeviceTensor& y,
           const DeviceTensor* bias, QqmmPath path, Stream stream) {
   const std::string op = "qqmm";
-  const QqmmSpecs specs = resolve_qqmm(spec, global_scale_x, global_scale_w);
-  const QuantSpec& sx = specs.x;
-  QuantSpec sw = specs.w;
-  require(is_float(x.dtype), op + ": x must be float32, float16 or bfloat16, got " + dtype_name(x.dtype));
-  require(!x.shape.empty(), "qqmm: x must have rank >= 1");
-  require(w.shape.size() == 2, "qqmm: w must be 2-D [N, K] (packed [N, K*bits/8]), got " + shape_str(w.shape));
+  if (w_scales && !is_float(w.dtype)) operand_args({w, *w_scales, {}}, spec.mode, op);  // packed w: uint8 only
+  const std::optional<ops::Arg> ws = ops::optional_arg(w_scales), bias_arg = ops::optional_arg(bias);
+  const ops::QqmmPlan plan = ops::plan_qqmm(ops::arg_of(x), ops::arg_of(w), ops::opt_ptr(ws), spec, global_scale_x,
+                                            global_scale_w, ops::opt_ptr(bias_arg));
+  const QuantSpec& sx = plan.specs.x;
+  const QuantSpec& sw = plan.specs.w;
+  const bool w_float = plan.w_float;
+  const std::int64_t M = plan.M, N = plan.N, K = plan.K;
   check_pointer(x, op + ": x");
-  const bool w_float = is_float(w.dtype);
-  const std::int64_t N = w.shape[0];
-  std::int64_t K = w.shape[1];
-  if (w_float) {
-    require(w_scales == nullptr, "qqmm: w_scales given but w is float (pass packed w with its scales)");
+  if (w_float)
     check_pointer(w, op + ": w");
-    sw.layout = Layout::compact;  // a float w is quantized here; the layout is this function's choice
-  } else {
-    require(w_scales != nullptr, "qqmm: a packed w needs its scales");
-    K = check_operand({w, *w_scales, {}}, sw, op).shape.back();
-  }
-  require(x.shape.back() == K,
-          "qqmm: x has K = " + std::to_string(x.shape.back()) + " but w has K = " + std::to_string(K));
-  const std::int64_t M = numel(leading(x.shape, 1));
-  Shape out_shape = x.shape;
-  out_shape.back() = N;
-  check_float_tensor(y, out_shape, op + ": output");
-  check_bias(bias, N, op);
-  const float alpha = specs.alpha;
+  else
+    bind_operand(plan.w, {w, *w_scales, {}}, N, op);
+  check_float_tensor(y, plan.out_shape, op + ": output");
+  if (bias) check_pointer(*bias, op + ": bias");
+  const float alpha = plan.specs.alpha;
   const DeviceTensor x2{x.data, x.dtype, {M, K}};
 
   std::deque<ScratchTensor> keep;  // scratch buffers, freed in stream order on return
@@ -570,9 +457,13 @@ void qqmm(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor* w_sc
   const DeviceTensor xd = keep.emplace_back(DType::bfloat16, Shape{M, K}, stream).view;
   dequantize(xq, two_level, xd, stream);
   const DeviceQuantized wq = w_float ? quantized(w, sw) : DeviceQuantized{w, *w_scales, {}};
-  MatmulArgs a = matmul_args(xd, check_weight(wq, sw, op), true, y, bias, alpha);
-  a.M = M;
-  run_matmul(a, {BatchPair{0, 0}}, stream);
+  ops::MatmulPlan p;  // one product of xd [M, K] and w [N, K]
+  p.w = {plan.w, {}, N, K};
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.pairs = {BatchPair{0, 0}};
+  run_matmul(matmul_args(p, xd, bind_operand(plan.w, wq, N, op), y, bias, alpha), p.pairs, stream);
 }
 
 }  // namespace microscale::cuda

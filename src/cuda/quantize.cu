@@ -38,36 +38,23 @@ void check_float_tensor(const DeviceTensor& t, const Shape& shape, const std::st
   check_tensor(t, t.dtype, shape, what);
 }
 
-Operand check_operand(const DeviceQuantized& w, const QuantSpec& s, const std::string& op) {
-  const std::string where = op + " (" + name(s.mode) + ")";
-  require(w.packed.dtype == DType::uint8, where + ": packed values must be uint8, got " + dtype_name(w.packed.dtype));
-  require(!w.packed.shape.empty(), where + ": packed values must have rank >= 1");
-  const std::int64_t row_bytes = w.packed.shape.back();
-  require(row_bytes * 8 % s.bits == 0, where + ": " + std::to_string(row_bytes) +
-                                           " packed bytes per row do not hold whole " + std::to_string(s.bits) +
-                                           "-bit values");
-  Operand o;
-  const std::int64_t K = row_bytes * 8 / s.bits;
-  require(K % s.group_size == 0, where + ": " + std::to_string(K) + " values per row are not divisible by group_size " +
-                                     std::to_string(s.group_size));
-  o.shape = w.packed.shape;
-  o.shape.back() = K;
-  const std::int64_t rows = numel(Shape(o.shape.begin(), o.shape.end() - 1)), groups = K / s.group_size;
-  Shape compact = o.shape;
-  compact.back() = groups;
+OperandArgs operand_args(const DeviceQuantized& w, Mode mode, const std::string& op) {
+  require(w.packed.dtype == DType::uint8,
+          op + " (" + name(mode) + "): packed values must be uint8, got " + dtype_name(w.packed.dtype));
+  OperandArgs a{ops::arg_of(w.packed), ops::arg_of(w.scales), std::nullopt};
+  if (mode == Mode::affine || w.biases.data != nullptr) a.biases = ops::arg_of(w.biases);
+  return a;
+}
+
+QuantizedArgs bind_operand(const ops::OperandPlan& p, const DeviceQuantized& w, std::int64_t rows,
+                           const std::string& op) {
+  const std::string where = op + " (" + name(p.spec.mode) + ")";
+  const bool affine = p.spec.mode == Mode::affine;
   check_pointer(w.packed, where + ": packed values");
-  const bool affine = s.mode == Mode::affine;
-  if (affine) {
-    check_float_tensor(w.scales, compact, where + ": scales");
-    check_tensor(w.biases, w.scales.dtype, compact, where + ": biases");
-  } else {
-    require(w.biases.data == nullptr, where + ": biases are only used by affine");
-    check_tensor(w.scales, DType::uint8,
-                 s.layout == Layout::swizzled ? Shape{roundup(rows, 128), roundup(groups, 4)} : compact,
-                 where + ": " + name(s.layout) + " scales");
-  }
-  o.q = quantized_args(s, w.packed.data, w.scales.data, affine ? w.biases.data : nullptr, w.scales.dtype, rows, K);
-  return o;
+  check_pointer(w.scales, where + ": scales");
+  if (affine) check_pointer(w.biases, where + ": biases");
+  return quantized_args(p.spec, w.packed.data, w.scales.data, affine ? w.biases.data : nullptr, p.scale_dtype, rows,
+                        p.K);
 }
 
 namespace {
@@ -134,16 +121,7 @@ void check_finite(const DeviceTensor& x, Stream stream) {
   alignas(4) unsigned char bytes[4] = {};
   check(cudaMemcpy(bytes, static_cast<const unsigned char*>(x.data) + i * size, size, cudaMemcpyDeviceToHost),
         "quantize");
-  const float v = load_float(bytes, 0, x.dtype);
-  const char* cls = is_nan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf";
-  Shape index(x.shape.size());
-  auto rest = static_cast<std::int64_t>(i);
-  for (std::size_t d = index.size(); d-- > 0;) {
-    index[d] = rest % x.shape[d];
-    rest /= x.shape[d];
-  }
-  throw Error(std::string("quantize: non-finite input (") + cls + ") at flat index " + std::to_string(i) + ", index " +
-              shape_str(index) + " (nonfinite='error')");
+  ops::throw_nonfinite(static_cast<std::int64_t>(i), load_float(bytes, 0, x.dtype), x.shape);
 }
 
 }  // namespace
@@ -175,26 +153,12 @@ bool available() {
 }
 
 QuantizedShapes quantized_shapes(const Shape& x, DType dtype, const QuantSpec& spec) {
-  const QuantSpec s = resolve(spec);
-  require(is_float(dtype),
-          std::string("quantize: unsupported input dtype ") + dtype_name(dtype) + " (float32, float16 or bfloat16)");
-  require(!x.empty(), "quantize: input must have rank >= 1 (groups run along the last axis)");
-  const std::int64_t K = x.back();
-  require(K % s.group_size == 0, "quantize: last dimension " + std::to_string(K) + " is not divisible by group_size " +
-                                     std::to_string(s.group_size) + " (" + name(s.mode) + ")");
-  QuantizedShapes out;
-  out.packed = out.scales = x;
-  out.packed.back() = K * s.bits / 8;
-  out.scales.back() = K / s.group_size;
-  out.scale_dtype = s.mode == Mode::affine ? dtype : DType::uint8;
-  if (s.mode == Mode::affine) out.biases = out.scales;
-  if (s.layout == Layout::swizzled)
-    out.scales = {roundup(numel(Shape(x.begin(), x.end() - 1)), 128), roundup(K / s.group_size, 4)};
-  return out;
+  const ops::QuantizePlan p = ops::plan_quantize({dtype, x}, spec);
+  return {p.packed, p.scales, p.biases, p.scale_dtype};
 }
 
 float amax(const DeviceTensor& x, Stream stream) {
-  require(is_float(x.dtype), std::string("amax: unsupported input dtype ") + dtype_name(x.dtype));
+  ops::check_amax_input(ops::arg_of(x), "amax");
   check_pointer(x, "amax: x");
   if (x.numel() == 0) return 0.0f;
   Scratch out(sizeof(unsigned), stream);
@@ -209,29 +173,29 @@ float amax(const DeviceTensor& x, Stream stream) {
 }
 
 void quantize(const DeviceTensor& x, const QuantSpec& spec, const DeviceQuantized& out, Stream stream) {
-  const QuantSpec s = resolve(spec);
-  const QuantizedShapes shapes = quantized_shapes(x.shape, x.dtype, s);
+  const ops::QuantizePlan p = ops::plan_quantize(ops::arg_of(x), spec);
+  const QuantSpec& s = p.spec;
   check_pointer(x, "quantize: x");
-  check_tensor(out.packed, DType::uint8, shapes.packed, "quantize: packed output");
-  check_tensor(out.scales, shapes.scale_dtype, shapes.scales, "quantize: scales output");
-  if (s.mode == Mode::affine) check_tensor(out.biases, shapes.scale_dtype, shapes.biases, "quantize: biases output");
+  check_tensor(out.packed, DType::uint8, p.packed, "quantize: packed output");
+  check_tensor(out.scales, p.scale_dtype, p.scales, "quantize: scales output");
+  if (s.mode == Mode::affine) check_tensor(out.biases, p.scale_dtype, p.biases, "quantize: biases output");
   if (x.numel() == 0) return;
   if (s.nonfinite == NonFinite::error) check_finite(x, stream);
-  const std::int64_t K = x.shape.back(), rows = x.numel() / K;
   if (s.layout == Layout::swizzled)  // padding must read as zero scales
     check(cudaMemsetAsync(out.scales.data, 0, static_cast<std::size_t>(out.scales.numel()), stream), "quantize");
-  const QuantizeArgs a = quantize_args(s, x.dtype, x.data, rows, K, static_cast<std::uint8_t*>(out.packed.data),
+  const QuantizeArgs a = quantize_args(s, x.dtype, x.data, p.rows, p.K, static_cast<std::uint8_t*>(out.packed.data),
                                        out.scales.data, out.biases.data);
-  quantize_kernel<<<blocks_for(rows * a.groups), kThreads, 0, stream>>>(a);
+  quantize_kernel<<<blocks_for(p.rows * a.groups), kThreads, 0, stream>>>(a);
   launched("quantize");
 }
 
 void dequantize(const DeviceQuantized& q, const QuantSpec& spec, const DeviceTensor& y, Stream stream) {
-  const QuantSpec s = resolve(spec);
-  const Operand o = check_operand(q, s, "dequantize");
-  check_float_tensor(y, o.shape, "dequantize: output");
+  const OperandArgs args = operand_args(q, spec.mode, "dequantize");
+  const ops::OperandPlan p = ops::plan_dequantize(args.packed, args.scales, ops::opt_ptr(args.biases), spec, y.dtype);
+  const QuantizedArgs a = bind_operand(p, q, p.rows, "dequantize");
+  check_tensor(y, y.dtype, p.shape, "dequantize: output");
   if (y.numel() == 0) return;
-  dequantize_kernel<<<blocks_for(y.numel() / 8), kThreads, 0, stream>>>(o.q, y.data, y.dtype);
+  dequantize_kernel<<<blocks_for(y.numel() / 8), kThreads, 0, stream>>>(a, y.data, y.dtype);
   launched("dequantize");
 }
 

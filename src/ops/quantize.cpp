@@ -1,89 +1,47 @@
-// Public quantize / dequantize entry points: argument checks, then the backend kernels.
+// Public quantize / dequantize entry points: the plan (ops/plan.hpp), then the backend's kernels.
 #include "microscale/quantize.hpp"
 
-#include <cmath>
-#include <cstring>
-
 #include "core/convert.hpp"
-#include "cpu/kernels.hpp"
-#include "microscale/runtime.hpp"
+#include "ops/kernels.hpp"
 #include "ops/operand.hpp"
 #include "reference/reference.hpp"
 
 namespace microscale {
 namespace {
 
-std::int64_t roundup(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
-
 void require(bool ok, const std::string& msg) {
   if (!ok) throw Error(msg);
 }
 
-Shape with_last(Shape s, std::int64_t last) {
-  s.back() = last;
-  return s;
-}
-
 // nonfinite='error': fails naming the first NaN/Inf in row-major order before anything is written.
-void check_finite(const detail::Rows& x, DType dtype, const Shape& shape) {
-  const std::int64_t i = cpu::find_nonfinite(x.data, dtype, x.numel);
+void check_finite(const ops::Kernels& k, const detail::Rows& x, DType dtype, const Shape& shape) {
+  const std::int64_t i = k.find_nonfinite(x.data, dtype, x.numel);
   if (i < 0) return;
-  const float v = detail::load_f32(x.data + static_cast<std::size_t>(i) * dtype_size(dtype), dtype);
-  const char* cls = std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf";
-  Shape index(shape.size());
-  std::int64_t rest = i;
-  for (std::size_t d = index.size(); d-- > 0;) {
-    index[d] = rest % shape[d];
-    rest /= shape[d];
-  }
-  throw Error(std::string("quantize: non-finite input (") + cls + ") at flat index " + std::to_string(i) +
-              ", index " + shape_str(index) + " (nonfinite='error')");
+  ops::throw_nonfinite(i, detail::load_f32(x.data + static_cast<std::size_t>(i) * dtype_size(dtype), dtype), shape);
 }
 
 }  // namespace
 
 float global_scale(const TensorView& x) {
-  require(is_float(x.dtype), std::string("global_scale: unsupported input dtype ") +
-                                 dtype_name(x.dtype) + " (float32, float16 or bfloat16)");
-  if (backend() == Backend::reference) {
-    const std::vector<float> v = detail::to_f32(x);
-    return reference::amax_finite(v.data(), static_cast<std::int64_t>(v.size()));
-  }
+  ops::check_amax_input(ops::arg_of(x), "global_scale");
   const detail::Rows c = detail::rows_of(x);
-  return cpu::amax_finite(c.data, x.dtype, c.numel);
+  return ops::kernels().amax_finite(c.data, x.dtype, c.numel);
 }
 
 Quantized quantize(const TensorView& x, const QuantSpec& spec) {
-  const QuantSpec s = resolve(spec);
-  require(is_float(x.dtype), std::string("quantize: unsupported input dtype ") +
-                                 dtype_name(x.dtype) + " (float32, float16 or bfloat16)");
-  require(x.rank() >= 1, "quantize: input must have rank >= 1 (groups run along the last axis)");
-  const std::int64_t K = x.shape.back();
-  require(K % s.group_size == 0, "quantize: last dimension " + std::to_string(K) +
-                                     " is not divisible by group_size " +
-                                     std::to_string(s.group_size) + " (" + name(s.mode) + ")");
-  const std::int64_t rows = numel(Shape(x.shape.begin(), x.shape.end() - 1));
-  const std::int64_t groups = K / s.group_size;
-
+  const ops::QuantizePlan p = ops::plan_quantize(ops::arg_of(x), spec);
+  const ops::Kernels& k = ops::kernels();
   const detail::Rows xc = detail::rows_of(x);
-  if (s.nonfinite == NonFinite::error) check_finite(xc, x.dtype, x.shape);
+  if (p.spec.nonfinite == NonFinite::error) check_finite(k, xc, x.dtype, x.shape);
 
   Quantized q;
-  q.spec = s;
+  q.spec = p.spec;
   q.shape = x.shape;
-  q.packed = Tensor(DType::uint8, with_last(x.shape, K * s.bits / 8));
-  const DType scale_dtype = s.mode == Mode::affine ? x.dtype : DType::uint8;
-  Tensor compact(scale_dtype, with_last(x.shape, groups));
-  if (s.mode == Mode::affine) q.biases = Tensor(scale_dtype, compact.shape());
-  if (backend() == Backend::reference) {
-    const std::vector<float> xf = detail::to_f32(x);
-    reference::quantize(xf.data(), rows, K, x.dtype, s, q.packed.data<std::uint8_t>(), compact.bytes(),
-                        q.biases.bytes());
-  } else {
-    cpu::quantize(xc.data, x.dtype, rows, K, s, q.packed.data<std::uint8_t>(), compact.bytes(),
-                  q.biases.bytes());
-  }
-  q.scales = s.layout == Layout::swizzled ? swizzle_scales(compact.view()) : compact;
+  q.packed = Tensor(DType::uint8, p.packed);
+  Tensor compact(p.scale_dtype, p.compact_scales);
+  if (p.spec.mode == Mode::affine) q.biases = Tensor(p.scale_dtype, p.biases);
+  k.quantize(xc.data, x.dtype, p.rows, p.K, p.spec, q.packed.data<std::uint8_t>(), compact.bytes(), q.biases.bytes());
+  q.scales = p.spec.layout == Layout::swizzled ? swizzle_scales(compact.view()) : compact;
   return q;
 }
 
@@ -93,76 +51,34 @@ Tensor dequantize(const Quantized& q, DType dtype) {
   return dequantize(q.packed.view(), q.scales.view(), affine ? &biases : nullptr, q.spec, dtype);
 }
 
-namespace detail {
+namespace ops {
 
-QuantizedOperand check_operand(const TensorView& packed_in, const TensorView& scales_in, const TensorView* biases_in,
-                               const QuantSpec& spec, const char* op) {
+QuantizedOperand bind_operand(const OperandPlan& plan, const TensorView& packed, const TensorView& scales,
+                              const TensorView* biases) {
   QuantizedOperand o;
-  o.spec = resolve(spec);
-  const QuantSpec& s = o.spec;
-  const std::string where = std::string(op) + " (" + name(s.mode) + ")";
-  require(packed_in.dtype == DType::uint8 || packed_in.dtype == DType::uint32,
-          where + ": packed values must be uint8 (or MLX's uint32), got " + dtype_name(packed_in.dtype));
-  require(packed_in.rank() >= 1, where + ": packed values must have rank >= 1");
-
-  // Packed uint32 words are MLX's view of the same little-endian bytes.
-  const std::int64_t row_bytes = packed_in.shape.back() * static_cast<std::int64_t>(dtype_size(packed_in.dtype));
-  require(row_bytes * 8 % s.bits == 0, where + ": " + std::to_string(row_bytes) +
-                                           " packed bytes per row do not hold whole " + std::to_string(s.bits) +
-                                           "-bit values");
-  o.K = row_bytes * 8 / s.bits;
-  require(o.K % s.group_size == 0, where + ": " + std::to_string(o.K) +
-                                       " values per row are not divisible by group_size " +
-                                       std::to_string(s.group_size));
-  o.shape = with_last(packed_in.shape, o.K);
-  o.rows = numel(Shape(o.shape.begin(), o.shape.end() - 1));
-  o.groups = o.K / s.group_size;
-  const Shape compact_shape = with_last(o.shape, o.groups);
-
-  const bool affine = s.mode == Mode::affine;
-  if (affine) {
-    require(is_float(scales_in.dtype),
-            where + ": scales must be float32, float16 or bfloat16, got " + dtype_name(scales_in.dtype));
-    require(biases_in != nullptr, where + ": biases are required");
-    require(biases_in->dtype == scales_in.dtype && biases_in->shape == scales_in.shape,
-            where + ": biases " + shape_str(biases_in->shape) + " " + dtype_name(biases_in->dtype) +
-                " must match scales " + shape_str(scales_in.shape) + " " + dtype_name(scales_in.dtype));
-  } else {
-    require(scales_in.dtype == DType::uint8, where + ": scales must be uint8 codes, got " + dtype_name(scales_in.dtype));
-    require(biases_in == nullptr, where + ": biases are only used by affine");
-  }
-  o.scale_dtype = scales_in.dtype;
-  if (s.layout == Layout::swizzled) {
-    const Shape sw = {roundup(o.rows, 128), roundup(o.groups, 4)};
-    require(scales_in.shape == sw, where + ": swizzled scales must have shape " + shape_str(sw) + " for packed " +
-                                       shape_str(packed_in.shape) + ", got " + shape_str(scales_in.shape));
-    o.scales.copy = unswizzle_scales(scales_in, o.rows, o.groups);
+  if (plan.spec.layout == Layout::swizzled) {
+    o.scales.copy = unswizzle_scales(scales, plan.rows, plan.groups);
     o.scales.data = o.scales.copy.bytes();
     o.scales.numel = o.scales.copy.numel();
   } else {
-    require(scales_in.shape == compact_shape, where + ": scales must have shape " + shape_str(compact_shape) +
-                                                  " for packed " + shape_str(packed_in.shape) + ", got " +
-                                                  shape_str(scales_in.shape));
-    o.scales = rows_of(scales_in);
+    o.scales = detail::rows_of(scales);
   }
-  o.packed = rows_of(packed_in);
-  if (affine) o.biases = rows_of(*biases_in);
+  o.packed = detail::rows_of(packed);
+  if (plan.spec.mode == Mode::affine) o.biases = detail::rows_of(*biases);
   return o;
 }
 
-}  // namespace detail
+}  // namespace ops
 
 Tensor dequantize(const TensorView& packed, const TensorView& scales, const TensorView* biases, const QuantSpec& spec,
                   DType dtype) {
-  require(is_float(dtype), std::string("dequantize: output dtype ") + dtype_name(dtype) +
-                               " is not supported (float32, float16 or bfloat16)");
-  const detail::QuantizedOperand w = detail::check_operand(packed, scales, biases, spec, "dequantize");
-  const auto* p = reinterpret_cast<const std::uint8_t*>(w.packed.data);
-  Tensor y = Tensor::uninitialized(dtype, w.shape);  // every element is written
-  if (backend() == Backend::reference)
-    reference::dequantize(p, w.scales.data, w.biases.data, w.scale_dtype, w.rows, w.K, w.spec, dtype, y.bytes());
-  else
-    cpu::dequantize(p, w.scales.data, w.biases.data, w.scale_dtype, w.rows, w.K, w.spec, dtype, y.bytes());
+  const std::optional<ops::Arg> b = ops::optional_arg(biases);
+  const ops::OperandPlan p =
+      ops::plan_dequantize(ops::arg_of(packed), ops::arg_of(scales), ops::opt_ptr(b), spec, dtype);
+  const ops::QuantizedOperand w = ops::bind_operand(p, packed, scales, biases);
+  Tensor y = Tensor::uninitialized(dtype, p.shape);  // every element is written
+  ops::kernels().dequantize(reinterpret_cast<const std::uint8_t*>(w.packed.data), w.scales.data, w.biases.data,
+                            p.scale_dtype, p.rows, p.K, p.spec, dtype, y.bytes());
   return y;
 }
 
@@ -174,7 +90,7 @@ Tensor swizzle_scales(const TensorView& scales) {
   const std::int64_t R = C == 0 ? numel(Shape(scales.shape.begin(), scales.shape.end() - 1))
                                 : scales.numel() / C;
   const Tensor compact = detail::contiguous(scales);
-  Tensor out(DType::uint8, {roundup(R, 128), roundup(C, 4)});
+  Tensor out(DType::uint8, {ops::roundup(R, 128), ops::roundup(C, 4)});
   reference::swizzle(compact.data<std::uint8_t>(), R, C, out.data<std::uint8_t>());
   return out;
 }
@@ -183,7 +99,7 @@ Tensor unswizzle_scales(const TensorView& swizzled, std::int64_t rows, std::int6
   require(swizzled.dtype == DType::uint8,
           std::string("unswizzle_scales: scales must be uint8, got ") + dtype_name(swizzled.dtype));
   require(rows >= 0 && cols >= 0, "unswizzle_scales: rows and cols must be >= 0");
-  const std::int64_t need = roundup(rows, 128) * roundup(cols, 4);
+  const std::int64_t need = ops::roundup(rows, 128) * ops::roundup(cols, 4);
   require(swizzled.numel() == need, "unswizzle_scales: " + std::to_string(rows) + "x" +
                                         std::to_string(cols) + " scales need " + std::to_string(need) +
                                         " swizzled bytes, got " + std::to_string(swizzled.numel()));

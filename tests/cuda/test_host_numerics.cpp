@@ -222,3 +222,36 @@ TEST(CudaNumericsOnHost, NearestRuleMatchesNearHalfIntegerLog2) {
 }
 
 }  // namespace
+
+// quantized_shapes runs on the host without a device: it is quantize's plan (src/ops/plan.hpp), so
+// its shapes and its errors are the CPU op's, word for word.
+TEST(CudaPlansOnHost, QuantizedShapesAreTheHostQuantizesPlan) {
+  const auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const microscale::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (const char* mode : {"nvfp4", "mxfp8", "affine"}) {
+    QuantSpec s;
+    s.mode = microscale::mode_from_name(mode);
+    if (s.mode == Mode::nvfp4) s.layout = Layout::swizzled;
+    const Tensor x(DType::bfloat16, {3, 5, 64});
+    const microscale::Quantized q = microscale::quantize(x.view(), s);
+    const microscale::cuda::QuantizedShapes shapes = microscale::cuda::quantized_shapes(x.shape(), x.dtype(), s);
+    EXPECT_EQ(shapes.packed, q.packed.shape()) << mode;
+    EXPECT_EQ(shapes.scales, q.scales.shape()) << mode;
+    EXPECT_EQ(shapes.scale_dtype, q.scales.dtype()) << mode;
+    EXPECT_EQ(shapes.biases, s.mode == Mode::affine ? q.biases.shape() : Shape{}) << mode;
+    const std::pair<Shape, DType> bad_inputs[] = {
+        {{2, 40}, DType::float32}, {{2, 64}, DType::int32}, {{}, DType::float32}};
+    for (const auto& [shape, dtype] : bad_inputs) {
+      const Tensor bad(dtype, shape);
+      const std::string host = message([&] { microscale::quantize(bad.view(), s); });
+      EXPECT_NE(host, "no error") << mode;
+      EXPECT_EQ(message([&] { microscale::cuda::quantized_shapes(shape, dtype, s); }), host) << mode;
+    }
+  }
+}
