@@ -3,7 +3,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "core/convert.hpp"
@@ -12,11 +11,27 @@
 #include "reference/reference.hpp"
 
 namespace microscale {
+
+const char* name(Backend b) {
+  switch (b) {
+    case Backend::cpu: return "cpu";
+    case Backend::reference: return "reference";
+  }
+  return "?";
+}
+
+std::optional<Backend> backend_from_name(std::string_view text) {
+  for (Backend b : {Backend::cpu, Backend::reference})
+    if (text == name(b)) return b;
+  return std::nullopt;
+}
+
 namespace {
 
+// An unset or unknown MICROSCALE_BACKEND means the CPU kernels.
 Backend initial_backend() {
   const char* v = std::getenv("MICROSCALE_BACKEND");
-  return v && std::strcmp(v, "reference") == 0 ? Backend::reference : Backend::cpu;
+  return v ? backend_from_name(v).value_or(Backend::cpu) : Backend::cpu;
 }
 
 std::atomic<Backend>& setting() {
