@@ -137,7 +137,8 @@ void BM_ReadRoofline(benchmark::State& state) {
     });
     benchmark::DoNotOptimize(all.load());
   }
-  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(modes()[static_cast<std::size_t>(mode)].name) + " bytes");
 }
 

@@ -87,8 +87,8 @@ void set_counters(benchmark::State& st, const Op& op) {
   std::int64_t rd, wr;
   traffic(op, rd, wr);
   st.counters["el/s"] = benchmark::Counter(static_cast<double>(kN), benchmark::Counter::kIsIterationInvariantRate);
-  st.counters["B/s"] = benchmark::Counter(static_cast<double>(kN / 1024 * (rd + wr)),
-                                          benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["B/s"] =
+      benchmark::Counter(static_cast<double>(kN / 1024 * (rd + wr)), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void run_op(benchmark::State& st, Op op) {
@@ -101,19 +101,13 @@ void run_op(benchmark::State& st, Op op) {
     ms::cpu::quantize(d.f32.data(), ms::DType::float32, kRows, kK, s, d.packed.data(), scales, nullptr);
   for (auto _ : st) {
     switch (op.kind) {
-      case Kind::quantize:
-        ms::cpu::quantize(x, op.dtype, kRows, kK, s, d.packed.data(), scales, nullptr);
-        break;
+      case Kind::quantize: ms::cpu::quantize(x, op.dtype, kRows, kK, s, d.packed.data(), scales, nullptr); break;
       case Kind::dequantize:
         ms::cpu::dequantize(d.packed.data(), scales, nullptr, ms::DType::uint8, kRows, kK, s, op.dtype,
                             reinterpret_cast<std::byte*>(d.out.data()));
         break;
-      case Kind::amax:
-        benchmark::DoNotOptimize(ms::cpu::amax_finite(x, op.dtype, kN));
-        break;
-      case Kind::find_nonfinite:
-        benchmark::DoNotOptimize(ms::cpu::find_nonfinite(x, op.dtype, kN));
-        break;
+      case Kind::amax: benchmark::DoNotOptimize(ms::cpu::amax_finite(x, op.dtype, kN)); break;
+      case Kind::find_nonfinite: benchmark::DoNotOptimize(ms::cpu::find_nonfinite(x, op.dtype, kN)); break;
     }
     benchmark::ClobberMemory();
   }
@@ -180,7 +174,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs)
-      if (r.aggregate_name == "median") medians_[r.run_name.function_name + "/" + r.run_name.args] = r.counters.at("el/s");
+      if (r.aggregate_name == "median")
+        medians_[r.run_name.function_name + "/" + r.run_name.args] = r.counters.at("el/s");
   }
   void Finalize() override {
     ConsoleReporter::Finalize();

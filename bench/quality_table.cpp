@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
       for (std::int64_t n = 0; n < w.rows; ++n) {
         double acc = 0;
         for (std::int64_t k = 0; k < w.cols; ++k)
-          acc += double(x[static_cast<std::size_t>(m * w.cols + k)]) * w.values[static_cast<std::size_t>(n * w.cols + k)];
+          acc +=
+              double(x[static_cast<std::size_t>(m * w.cols + k)]) * w.values[static_cast<std::size_t>(n * w.cols + k)];
         y_ref[static_cast<std::size_t>(m * w.rows + n)] = acc;
       }
     const std::vector<double> w64(w.values.begin(), w.values.end());

@@ -38,9 +38,9 @@
 // `out` as it was or complete, never a mix; a staging directory left by a kill is refused by every
 // operation here and removed by the next run into the same `out`. An existing non-empty output
 // directory is refused unless `force`, and even then unless it holds a checkpoint (config.json or
-// a .safetensors file): a previous output, not a home or project directory. Tensors stream one at a time, so peak memory stays near
-// the largest single tensor (input pages are released after use). The progress callback may
-// throw to stop a run (the CLI does on SIGINT/SIGTERM); nothing is left behind then.
+// a .safetensors file): a previous output, not a home or project directory. Tensors stream one at a time, so peak
+// memory stays near the largest single tensor (input pages are released after use). The progress callback may throw to
+// stop a run (the CLI does on SIGINT/SIGTERM); nothing is left behind then.
 #pragma once
 
 #include <cstdint>
@@ -64,9 +64,9 @@ Convention convention_from_name(std::string_view s);
 
 // Progress of a streaming operation, reported after each tensor (or layer) is done.
 struct Progress {
-  std::size_t done = 0, total = 0;         // tensors / layers
+  std::size_t done = 0, total = 0;                // tensors / layers
   std::uint64_t bytes_done = 0, bytes_total = 0;  // input bytes
-  std::string_view current;                // name of the item just finished
+  std::string_view current;                       // name of the item just finished
 };
 using ProgressFn = std::function<void(const Progress&)>;
 
@@ -77,10 +77,10 @@ struct TensorReport {
   std::string format;  // "nvfp4", "mxfp4", ..., or the dtype for float tensors
   Shape shape;
   std::uint64_t bytes_in = 0, bytes_out = 0;
-  std::string reason;        // why a weight (2-D or more, or stacked experts) was kept, when it was
+  std::string reason;          // why a weight (2-D or more, or stacked experts) was kept, when it was
   std::int64_t nonfinite = 0;  // NaN/Inf values in a quantized weight (warned about; fatal under
                                // NonFinite::error)
-  double rel_error = -1;     // ||w - dq(q(w))|| / ||w|| when measured, else -1
+  double rel_error = -1;       // ||w - dq(q(w))|| / ||w|| when measured, else -1
   double sqnr_db = -1;
 };
 struct Report {
@@ -109,7 +109,7 @@ struct QuantizeOptions {
   // Activation amax per module (static, from the user's calibration): when given for every
   // quantized layer, the config is W4A4 and input scales are stored. Otherwise weight-only.
   std::map<std::string, float> activation_amax;
-  bool w4a4 = false;  // demand W4A4: refused unless activation_amax covers every layer
+  bool w4a4 = false;           // demand W4A4: refused unless activation_amax covers every layer
   bool measure_error = false;  // fill TensorReport::rel_error / sqnr_db (one dequantize per layer)
   bool force = false;
   ProgressFn progress;
@@ -145,8 +145,7 @@ struct ConvertOptions {
 };
 // Same quantized bytes, other layout. Throws Error (before writing anything) when a layer cannot
 // be represented: a mode the target lacks, or three-level nvfp4 into MLX's two-level layout.
-Report convert_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
-                          const ConvertOptions& opt);
+Report convert_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out, const ConvertOptions& opt);
 
 // ---- inspection
 
@@ -168,8 +167,7 @@ struct InspectResult {
   std::vector<InspectRow> rows;
   std::vector<std::string> notes;
 };
-InspectResult inspect_checkpoint(const std::filesystem::path& path, bool stats = true,
-                                 const ProgressFn& progress = {});
+InspectResult inspect_checkpoint(const std::filesystem::path& path, bool stats = true, const ProgressFn& progress = {});
 
 // ---- in-memory checkpoints (the Python load_checkpoint / save_checkpoint)
 
@@ -193,8 +191,7 @@ struct CheckpointData {
 CheckpointData load_checkpoint(const std::filesystem::path& path);
 // Writes model.safetensors and config.json (from data.config_json, quantization block replaced)
 // into `out` in the layout `to`, plus hf_quant_config.json for ModelOpt.
-void save_checkpoint(const std::filesystem::path& out, const CheckpointData& data, Convention to,
-                     bool force = false);
+void save_checkpoint(const std::filesystem::path& out, const CheckpointData& data, Convention to, bool force = false);
 
 // The default selection rule of quantize_checkpoint: a float 2-D "<m>.weight" of a projection;
 // returns "" when it would be quantized, else why not ("1-D", "embedding", "lm_head", ...).

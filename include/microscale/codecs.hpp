@@ -47,7 +47,7 @@ float decode_e5m2(std::uint8_t code);
 // negative values, NaN and Inf encode as 0xFF. Block quantizers compute their E8M0 scales with
 // the scale rules of FORMATS.md 2.2, not with this function.
 std::uint8_t encode_e8m0(float v);
-float decode_e8m0(std::uint8_t code);   // 0x00 -> 2^-127 (subnormal), 0xFF -> NaN
+float decode_e8m0(std::uint8_t code);      // 0x00 -> 2^-127 (subnormal), 0xFF -> NaN
 float e8m0_reciprocal(std::uint8_t code);  // 2^(127-e) for e <= 254, exact
 
 std::uint16_t encode_bf16(float v);

@@ -29,8 +29,6 @@ std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 // Parses "float32", "float16", "bfloat16", "uint8", "uint32", "int32", "int64"; throws Error otherwise.
 DType dtype_from_name(const std::string& name);
-inline bool is_float(DType t) {
-  return t == DType::float32 || t == DType::float16 || t == DType::bfloat16;
-}
+inline bool is_float(DType t) { return t == DType::float32 || t == DType::float16 || t == DType::bfloat16; }
 
 }  // namespace microscale

@@ -53,7 +53,7 @@ enum class StDType : std::uint8_t {
 
 inline constexpr std::size_t kStDTypeCount = 22;
 
-int st_dtype_bits(StDType t);           // element size in bits: 4, 6, 8, 16, 32 or 64
+int st_dtype_bits(StDType t);          // element size in bits: 4, 6, 8, 16, 32 or 64
 const char* st_dtype_name(StDType t);  // "F32", "BF16", "F8_E4M3", ...
 std::optional<StDType> st_dtype_from_name(std::string_view name);
 // F32, F16, BF16, U8, U32, I32, I64 have a microscale::DType; the others do not.
@@ -104,8 +104,7 @@ class SafetensorsFile {
   static SafetensorsFile open(const std::filesystem::path& path);
   // Same validation over caller memory, which must outlive the returned object (no copy is made).
   // `label` stands for the file name in error messages.
-  static SafetensorsFile open_memory(const void* data, std::size_t size,
-                                     std::string label = "<memory>");
+  static SafetensorsFile open_memory(const void* data, std::size_t size, std::string label = "<memory>");
 
   SafetensorsFile(SafetensorsFile&&) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
@@ -154,8 +153,7 @@ struct StEntry {
 // relative to the file start when each tensor size is a multiple of 8.
 class SafetensorsWriter {
  public:
-  SafetensorsWriter(std::filesystem::path path, std::vector<StEntry> entries,
-                    Metadata metadata = {});
+  SafetensorsWriter(std::filesystem::path path, std::vector<StEntry> entries, Metadata metadata = {});
   SafetensorsWriter(SafetensorsWriter&&) noexcept;
   SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept;
   ~SafetensorsWriter();
@@ -232,7 +230,7 @@ std::string shard_file_name(std::size_t i, std::size_t n);
 // tensors are mapped to its path relative to the index's directory (shards must lie inside it),
 // a tensor name in two shards is an error, metadata.total_size is the sum of tensor bytes, and
 // `extra` adds string entries to "metadata". The weight map is sorted by name.
-void write_index(const std::filesystem::path& index_path,
-                 const std::vector<std::filesystem::path>& shards, const Metadata& extra = {});
+void write_index(const std::filesystem::path& index_path, const std::vector<std::filesystem::path>& shards,
+                 const Metadata& extra = {});
 
 }  // namespace microscale::io

@@ -20,9 +20,8 @@ namespace microscale {
 //   bias    optional float [N], added in float32 before the single rounding
 // Output dtype: x's for fp modes; for affine the promotion of x and the scales' dtype (float32
 // unless both are the same half type).
-Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorView& scales,
-                        const TensorView* biases, bool transpose, const QuantSpec& spec,
-                        const TensorView* bias = nullptr);
+Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorView& scales, const TensorView* biases,
+                        bool transpose, const QuantSpec& spec, const TensorView* bias = nullptr);
 Tensor quantized_matmul(const TensorView& x, const Quantized& w, bool transpose = true,
                         const TensorView* bias = nullptr);
 
@@ -33,16 +32,16 @@ Tensor quantized_matmul(const TensorView& x, const Quantized& w, bool transpose 
 // scaled by the product of the two block scales; three-level nvfp4 multiplies the float32 sum by
 // alpha = (amax_x * amax_w) / 2688^2 before rounding to x's dtype. Optional bias [N] as above.
 Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales, const QuantSpec& spec,
-            std::optional<float> global_scale_x = std::nullopt,
-            std::optional<float> global_scale_w = std::nullopt, const TensorView* bias = nullptr);
+            std::optional<float> global_scale_x = std::nullopt, std::optional<float> global_scale_w = std::nullopt,
+            const TensorView* bias = nullptr);
 
 // Mixture-of-experts product, MLX's gather_qmm: out[i] = x[lhs[i]] @ W[rhs[i]] (or W^T), where lhs
 // indexes the flattened batch axes of x (x.shape[:-2]) and rhs those of w. A missing index array
 // defaults to arange over its operand's batch, shaped like that batch; the two broadcast and the
 // result has shape broadcast(lhs, rhs).shape + (M, N). Indices are int32, int64 or uint32 and
 // must be in range. `sorted_indices` is a speed hint only; results never depend on it.
-Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& scales,
-                  const TensorView* biases, const TensorView* lhs_indices, const TensorView* rhs_indices,
-                  bool transpose, const QuantSpec& spec, bool sorted_indices = false);
+Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& scales, const TensorView* biases,
+                  const TensorView* lhs_indices, const TensorView* rhs_indices, bool transpose, const QuantSpec& spec,
+                  bool sorted_indices = false);
 
 }  // namespace microscale

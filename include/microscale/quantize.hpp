@@ -18,9 +18,9 @@ namespace microscale {
 struct Quantized {
   Tensor packed;
   Tensor scales;
-  Tensor biases;    // affine only; empty otherwise
-  QuantSpec spec;   // resolved: group_size and bits filled in, global_scale as used
-  Shape shape;      // logical shape of the quantized tensor ([..., K])
+  Tensor biases;   // affine only; empty otherwise
+  QuantSpec spec;  // resolved: group_size and bits filled in, global_scale as used
+  Shape shape;     // logical shape of the quantized tensor ([..., K])
 };
 
 // Quantizes x (float32, float16 or bfloat16; any rank >= 1; any strides).
@@ -30,8 +30,8 @@ Quantized quantize(const TensorView& x, const QuantSpec& spec);
 Tensor dequantize(const Quantized& q, DType dtype);
 // Same from loose parts, as stored in a checkpoint: K is taken from packed's last axis and the
 // resolved spec's bits; scales and biases must match (compact or swizzled per spec.layout).
-Tensor dequantize(const TensorView& packed, const TensorView& scales, const TensorView* biases,
-                  const QuantSpec& spec, DType dtype);
+Tensor dequantize(const TensorView& packed, const TensorView& scales, const TensorView* biases, const QuantSpec& spec,
+                  DType dtype);
 
 // Tensor amax as float32, ignoring NaN and +-Inf (0 when no finite value): the value nvfp4 takes
 // as global_scale.

@@ -20,8 +20,7 @@ nb::object py_quantized_matmul(const Array& x, const Array& w_q, const Array& sc
   ms::Tensor y;
   {
     nb::gil_scoped_release release;
-    y = ms::quantized_matmul(x.view, w_q.view, scales.view, view_or_null(biases), transpose, spec,
-                             view_or_null(bias));
+    y = ms::quantized_matmul(x.view, w_q.view, scales.view, view_or_null(biases), transpose, spec, view_or_null(bias));
   }
   return to_numpy(std::move(y));
 }
@@ -56,6 +55,5 @@ void bind_matmul(nb::module_& m) {
   m.def("qqmm", &py_qqmm, nb::arg("x"), nb::arg("w"), nb::arg("scales").none(), nb::arg("spec"),
         nb::arg("global_scale_x").none(), nb::arg("global_scale_w").none(), nb::arg("bias").none());
   m.def("gather_qmm", &py_gather_qmm, nb::arg("x"), nb::arg("w_q"), nb::arg("scales"), nb::arg("biases").none(),
-        nb::arg("lhs").none(), nb::arg("rhs").none(), nb::arg("transpose"), nb::arg("spec"),
-        nb::arg("sorted_indices"));
+        nb::arg("lhs").none(), nb::arg("rhs").none(), nb::arg("transpose"), nb::arg("spec"), nb::arg("sorted_indices"));
 }

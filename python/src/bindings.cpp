@@ -20,10 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "convert.hpp"
 #include "microscale/checkpoint.hpp"
 #include "microscale/microscale.hpp"
 #include "microscale/runtime.hpp"
-#include "convert.hpp"
 
 namespace nb = nanobind;
 namespace ms = microscale;
@@ -79,8 +79,7 @@ Fmt fmt_from_name(const std::string& s) {
   if (s == "e8m0") return Fmt::e8m0;
   if (s == "bf16" || s == "bfloat16") return Fmt::bf16;
   if (s == "f16" || s == "float16") return Fmt::f16;
-  throw ms::Error("unknown element format '" + s +
-                  "' (expected e2m1, e4m3, e5m2, e8m0, bf16 or f16)");
+  throw ms::Error("unknown element format '" + s + "' (expected e2m1, e4m3, e5m2, e8m0, bf16 or f16)");
 }
 
 ms::Shape shape_of(const InArray& a) {
@@ -157,8 +156,8 @@ nb::object py_decode(const InArray& codes, const std::string& fmt_name) {
     if (fmt == Fmt::e2m1) {
       for (std::int64_t i = 0; i < n; ++i) {
         if (src[i] > 0xF) {
-          throw ms::Error("codes: E2M1 codes are 4-bit (0..15), got " + std::to_string(src[i]) +
-                          " at flat index " + std::to_string(i));
+          throw ms::Error("codes: E2M1 codes are 4-bit (0..15), got " + std::to_string(src[i]) + " at flat index " +
+                          std::to_string(i));
         }
       }
     }
@@ -186,7 +185,6 @@ std::string py_backend() { return ms::name(ms::backend()); }
 
 }  // namespace
 
-
 // ---- the value types -------------------------------------------------------------------------
 // Enums by the names the C++ API prints (ms::name); from_name parses them with its messages.
 template <class E>
@@ -203,13 +201,12 @@ void bind_types(nb::module_& m) {
   bind_enum(m, "Mode", {Mode::nvfp4, Mode::mxfp4, Mode::mxfp8, Mode::affine}, &ms::mode_from_name);
   bind_enum(m, "ScaleRule", {ScaleRule::ceil, ScaleRule::floor, ScaleRule::even, ScaleRule::nearest},
             &ms::scale_rule_from_name);
-  bind_enum(m, "NonFinite", {NonFinite::propagate, NonFinite::error, NonFinite::saturate},
-            &ms::nonfinite_from_name);
+  bind_enum(m, "NonFinite", {NonFinite::propagate, NonFinite::error, NonFinite::saturate}, &ms::nonfinite_from_name);
   bind_enum(m, "Layout", {Layout::compact, Layout::swizzled}, &ms::layout_from_name);
   bind_enum(m, "Elem", {Elem::e4m3, Elem::e5m2}, &ms::elem_from_name);
   nb::enum_<ms::DType> dtype(m, "DType");
-  for (ms::DType t : {ms::DType::float32, ms::DType::float16, ms::DType::bfloat16, ms::DType::uint8,
-                      ms::DType::uint32, ms::DType::int32, ms::DType::int64}) {
+  for (ms::DType t : {ms::DType::float32, ms::DType::float16, ms::DType::bfloat16, ms::DType::uint8, ms::DType::uint32,
+                      ms::DType::int32, ms::DType::int64}) {
     dtype.value(ms::dtype_name(t), t);
   }
 
@@ -247,10 +244,9 @@ void bind_types(nb::module_& m) {
           nb::arg("packed"), nb::arg("scales"), nb::arg("biases").none(), nb::arg("spec"), nb::arg("shape"))
       .def_prop_ro("packed", [](const ms::Quantized& q) { return to_numpy(q.packed); })
       .def_prop_ro("scales", [](const ms::Quantized& q) { return to_numpy(q.scales); })
-      .def_prop_ro("biases",
-                   [](const ms::Quantized& q) {
-                     return q.spec.mode == ms::Mode::affine ? to_numpy(q.biases) : nb::none();
-                   })
+      .def_prop_ro(
+          "biases",
+          [](const ms::Quantized& q) { return q.spec.mode == ms::Mode::affine ? to_numpy(q.biases) : nb::none(); })
       .def_rw("spec", &ms::Quantized::spec)
       .def_rw("shape", &ms::Quantized::shape);
 }
@@ -353,7 +349,8 @@ void bind(nb::module_& m) {
             if (!st) throw ms::Error("tensor " + name + ": unknown safetensors dtype " + dtype);
             const ms::Tensor b = copy_of(data, "tensor bytes");
             if (b.dtype() != ms::DType::uint8) throw ms::Error("tensor " + name + ": internal: bytes must be uint8");
-            d.tensors.push_back(io::RawTensor{std::move(name), *st, std::move(shape), {b.bytes(), b.bytes() + b.nbytes()}});
+            d.tensors.push_back(
+                io::RawTensor{std::move(name), *st, std::move(shape), {b.bytes(), b.bytes() + b.nbytes()}});
           },
           nb::arg("name"), nb::arg("dtype"), nb::arg("shape"), nb::arg("data"));
 
@@ -381,8 +378,8 @@ NB_MODULE(_core, m) {
 
   bind_types(m);
   m.def("quantize", &py_quantize, nb::arg("x"), nb::arg("spec"));
-  m.def("dequantize", &py_dequantize, nb::arg("packed"), nb::arg("scales"), nb::arg("biases").none(),
-        nb::arg("spec"), nb::arg("dtype"));
+  m.def("dequantize", &py_dequantize, nb::arg("packed"), nb::arg("scales"), nb::arg("biases").none(), nb::arg("spec"),
+        nb::arg("dtype"));
   m.def("global_scale", &py_global_scale, nb::arg("x"));
   m.def("swizzle_scales", &py_swizzle, nb::arg("scales"));
   m.def("unswizzle_scales", &py_unswizzle, nb::arg("scales"), nb::arg("rows"), nb::arg("cols"));
@@ -398,6 +395,6 @@ NB_MODULE(_core, m) {
   m.def("set_num_threads", &ms::set_num_threads, nb::arg("n"));
   m.def("num_threads", &ms::num_threads);
 
-  ckpt::bind(m);  // checkpoint I/O
+  ckpt::bind(m);   // checkpoint I/O
   bind_matmul(m);  // quantized matrix products
 }

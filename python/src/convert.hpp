@@ -46,8 +46,8 @@ inline nb::dlpack::dtype dlpack_dtype(ms::DType t) {
 }
 
 inline std::optional<ms::DType> dtype_of(nb::dlpack::dtype d) {
-  for (ms::DType t : {ms::DType::float32, ms::DType::float16, ms::DType::uint8, ms::DType::uint32,
-                      ms::DType::int32, ms::DType::int64}) {
+  for (ms::DType t : {ms::DType::float32, ms::DType::float16, ms::DType::uint8, ms::DType::uint32, ms::DType::int32,
+                      ms::DType::int64}) {
     if (d == dlpack_dtype(t)) return t;
   }
   if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16 && d.lanes == 1) {
@@ -95,8 +95,7 @@ inline nb::object to_numpy(ms::Tensor t) {
   auto* owner = new ms::Tensor(std::move(t));
   nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<ms::Tensor*>(p); });
   std::vector<size_t> shape(owner->shape().begin(), owner->shape().end());
-  void* data = owner->bytes() != nullptr ? static_cast<void*>(owner->bytes())
-                                         : static_cast<void*>(&empty_storage);
+  void* data = owner->bytes() != nullptr ? static_cast<void*>(owner->bytes()) : static_cast<void*>(&empty_storage);
   OutArray arr(data, shape.size(), shape.data(), cap, nullptr, dlpack_dtype(owner->dtype()));
   nb::object out = arr.cast();
   if (owner->dtype() == ms::DType::bfloat16) {

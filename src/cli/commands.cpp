@@ -34,8 +34,7 @@ void print_summary(const char* verb, const io::Report& r, const fs::path& out, d
   std::string parts;
   for (const auto& [a, n] : by_action) parts += (parts.empty() ? "" : ", ") + std::to_string(n) + " " + a;
   std::printf("%s %s: %zu shard%s, %s; %s -> %s in %.1f s\n", verb, out.string().c_str(), r.shards,
-              r.shards == 1 ? "" : "s", parts.c_str(),
-              ProgressBar::human(static_cast<double>(r.bytes_in)).c_str(),
+              r.shards == 1 ? "" : "s", parts.c_str(), ProgressBar::human(static_cast<double>(r.bytes_in)).c_str(),
               ProgressBar::human(static_cast<double>(r.bytes_out)).c_str(), secs);
   for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
 }
@@ -134,88 +133,102 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_option("--format", o->format, "nvfp4, mxfp4, mxfp8, affine4 or affine8")->capture_default_str();
     c->add_option("--export", o->to,
                   "compressed-tensors, modelopt or mlx (default: compressed-tensors for nvfp4/mxfp4, mlx otherwise)");
-    c->add_option("--exclude", o->exclude, "keep modules matching this glob (repeatable; 'down_proj' matches any "
-                                           "'*.down_proj')");
-    c->add_option("--include", o->include, "also quantize these 2-D weights kept by default (lm_head, embeddings, "
-                                           "routers; repeatable glob)");
+    c->add_option("--exclude", o->exclude,
+                  "keep modules matching this glob (repeatable; 'down_proj' matches any "
+                  "'*.down_proj')");
+    c->add_option("--include", o->include,
+                  "also quantize these 2-D weights kept by default (lm_head, embeddings, "
+                  "routers; repeatable glob)");
     c->add_option("--group-size", o->group, "group size (affine: 32, 64 or 128; fp modes have fixed groups)");
-    c->add_option("--scale-rule", o->scale_rule, "E8M0 rule for mx modes: ceil, floor, even, nearest (default: even "
-                                                 "for compressed-tensors mxfp4 as llm-compressor, else ceil)");
-    c->add_option("--nonfinite", o->nonfinite, "NaN/Inf weights: propagate (warn, and keep them in the blocks they "
-                                               "hit), error (fail naming the tensor) or saturate")
+    c->add_option("--scale-rule", o->scale_rule,
+                  "E8M0 rule for mx modes: ceil, floor, even, nearest (default: even "
+                  "for compressed-tensors mxfp4 as llm-compressor, else ceil)");
+    c->add_option("--nonfinite", o->nonfinite,
+                  "NaN/Inf weights: propagate (warn, and keep them in the blocks they "
+                  "hit), error (fail naming the tensor) or saturate")
         ->capture_default_str();
-    c->add_option("--activation-amax", o->amax_file, "JSON {module: activation amax} from your calibration: "
-                                                     "writes a W4A4 nvfp4 config with input scales");
+    c->add_option("--activation-amax", o->amax_file,
+                  "JSON {module: activation amax} from your calibration: "
+                  "writes a W4A4 nvfp4 config with input scales");
     c->add_flag("--w4a4", o->w4a4, "demand a W4A4 config (refused unless --activation-amax covers every layer)");
     c->add_flag("--separate-fused-scales", o->separate, "do not share one global scale across q/k/v and gate/up");
     c->add_flag("--errors", o->errors, "measure and print each layer's relative error and SQNR");
     c->add_option("--errors-csv", o->errors_csv, "also write the per-layer errors to this CSV (implies --errors)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
-      io::QuantizeOptions opt;
-      opt.spec = spec_from_format(o->format);
-      if (o->group) opt.spec.group_size = o->group;
-      if (!o->scale_rule.empty()) {
-        opt.spec.scale_rule = scale_rule_from_name(o->scale_rule);
-        opt.scale_rule_set = true;
-      }
-      opt.spec.nonfinite = nonfinite_from_name(o->nonfinite);
-      const bool fp4 = opt.spec.mode == Mode::nvfp4 || opt.spec.mode == Mode::mxfp4;
-      opt.to = o->to.empty() ? (fp4 ? io::Convention::compressed_tensors : io::Convention::mlx)
-                             : io::convention_from_name(o->to);
-      opt.exclude = o->exclude;
-      opt.include = o->include;
-      opt.share_fused_scales = !o->separate;
-      opt.w4a4 = o->w4a4;
-      if (!o->amax_file.empty()) opt.activation_amax = read_amax_file(o->amax_file);
-      opt.measure_error = o->errors || !o->errors_csv.empty();
-      opt.force = o->force;
-      ProgressBar bar("quantize");
-      opt.progress = interruptible(bar.callback());
-      const auto t0 = std::chrono::steady_clock::now();
-      if (!o->errors_csv.empty()) check_output_path("--errors-csv", o->errors_csv);  // before the work
-      const io::Report r = io::quantize_checkpoint(o->in, o->out, opt);
-      bar.finish();
-      std::printf("%s %s -> %s (%s)\n", o->format.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));
-      print_summary("wrote", r, o->out, seconds_since(t0));
-      // Every weight left in high precision, by reason.
-      std::map<std::string, std::vector<std::string>> kept;
-      for (const io::TensorReport& t : r.tensors)
-        if (t.action == "kept") kept[t.reason].push_back(t.name);
-      for (const auto& [why, names] : kept) {
-        std::string list;
-        for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-        std::printf("kept %zu weight%s (%s): %s\n", names.size(), names.size() == 1 ? "" : "s", why.c_str(), list.c_str());
-      }
-      for (const io::TensorReport& t : r.tensors)
-        if (t.nonfinite)
-          std::fprintf(stderr, "microscale: warning: %s has %lld non-finite values (NaN/Inf) of %lld, quantized with "
-                       "--nonfinite %s\n", t.name.c_str(), static_cast<long long>(t.nonfinite),
-                       static_cast<long long>(numel(t.shape)), o->nonfinite.c_str());
-      if (!opt.measure_error) return;
-      std::size_t w = 5;
-      for (const io::TensorReport& t : r.tensors) w = std::max(w, t.name.size());
-      std::printf("\n%-*s %12s %11s %8s %9s\n", static_cast<int>(w), "layer", "shape", "rel.error", "SQNR dB", "nonfinite");
-      for (const io::TensorReport& t : r.tensors)
-        if (t.action == "quantized")
-          std::printf("%-*s %12s %11.3e %8.2f %9lld\n", static_cast<int>(w), t.name.c_str(), shape_str(t.shape, ShapeStyle::dims).c_str(),
-                      t.rel_error, t.sqnr_db, static_cast<long long>(t.nonfinite));
-        else if (t.action == "kept")
-          std::printf("%-*s %12s kept: %s\n", static_cast<int>(w), t.name.c_str(), shape_str(t.shape, ShapeStyle::dims).c_str(),
-                      t.reason.c_str());
-      if (!o->errors_csv.empty()) {
-        // Kept weights have empty errors and their reason; quoted, as reasons hold commas.
-        std::ostringstream f;
-        f << "layer,shape,format,rel_error,sqnr_db,nonfinite,kept\n";
-        for (const io::TensorReport& t : r.tensors)
-          if (t.action == "quantized")
-            f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << o->format << ',' << t.rel_error << ',' << t.sqnr_db
-              << ',' << t.nonfinite << ",\n";
-          else if (t.action == "kept")
-            f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << t.format << ",,,,\"" << t.reason << "\"\n";
-        write_outputs({{"--errors-csv", o->errors_csv, f.str()}});
-      }
-    }); }});
+    cmds.push_back(
+        {c, [o] {
+           run_interruptible(o->out, [&] {
+             io::QuantizeOptions opt;
+             opt.spec = spec_from_format(o->format);
+             if (o->group) opt.spec.group_size = o->group;
+             if (!o->scale_rule.empty()) {
+               opt.spec.scale_rule = scale_rule_from_name(o->scale_rule);
+               opt.scale_rule_set = true;
+             }
+             opt.spec.nonfinite = nonfinite_from_name(o->nonfinite);
+             const bool fp4 = opt.spec.mode == Mode::nvfp4 || opt.spec.mode == Mode::mxfp4;
+             opt.to = o->to.empty() ? (fp4 ? io::Convention::compressed_tensors : io::Convention::mlx)
+                                    : io::convention_from_name(o->to);
+             opt.exclude = o->exclude;
+             opt.include = o->include;
+             opt.share_fused_scales = !o->separate;
+             opt.w4a4 = o->w4a4;
+             if (!o->amax_file.empty()) opt.activation_amax = read_amax_file(o->amax_file);
+             opt.measure_error = o->errors || !o->errors_csv.empty();
+             opt.force = o->force;
+             ProgressBar bar("quantize");
+             opt.progress = interruptible(bar.callback());
+             const auto t0 = std::chrono::steady_clock::now();
+             if (!o->errors_csv.empty()) check_output_path("--errors-csv", o->errors_csv);  // before the work
+             const io::Report r = io::quantize_checkpoint(o->in, o->out, opt);
+             bar.finish();
+             std::printf("%s %s -> %s (%s)\n", o->format.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));
+             print_summary("wrote", r, o->out, seconds_since(t0));
+             // Every weight left in high precision, by reason.
+             std::map<std::string, std::vector<std::string>> kept;
+             for (const io::TensorReport& t : r.tensors)
+               if (t.action == "kept") kept[t.reason].push_back(t.name);
+             for (const auto& [why, names] : kept) {
+               std::string list;
+               for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+               std::printf("kept %zu weight%s (%s): %s\n", names.size(), names.size() == 1 ? "" : "s", why.c_str(),
+                           list.c_str());
+             }
+             for (const io::TensorReport& t : r.tensors)
+               if (t.nonfinite)
+                 std::fprintf(stderr,
+                              "microscale: warning: %s has %lld non-finite values (NaN/Inf) of %lld, quantized with "
+                              "--nonfinite %s\n",
+                              t.name.c_str(), static_cast<long long>(t.nonfinite),
+                              static_cast<long long>(numel(t.shape)), o->nonfinite.c_str());
+             if (!opt.measure_error) return;
+             std::size_t w = 5;
+             for (const io::TensorReport& t : r.tensors) w = std::max(w, t.name.size());
+             std::printf("\n%-*s %12s %11s %8s %9s\n", static_cast<int>(w), "layer", "shape", "rel.error", "SQNR dB",
+                         "nonfinite");
+             for (const io::TensorReport& t : r.tensors)
+               if (t.action == "quantized")
+                 std::printf("%-*s %12s %11.3e %8.2f %9lld\n", static_cast<int>(w), t.name.c_str(),
+                             shape_str(t.shape, ShapeStyle::dims).c_str(), t.rel_error, t.sqnr_db,
+                             static_cast<long long>(t.nonfinite));
+               else if (t.action == "kept")
+                 std::printf("%-*s %12s kept: %s\n", static_cast<int>(w), t.name.c_str(),
+                             shape_str(t.shape, ShapeStyle::dims).c_str(), t.reason.c_str());
+             if (!o->errors_csv.empty()) {
+               // Kept weights have empty errors and their reason; quoted, as reasons hold commas.
+               std::ostringstream f;
+               f << "layer,shape,format,rel_error,sqnr_db,nonfinite,kept\n";
+               for (const io::TensorReport& t : r.tensors)
+                 if (t.action == "quantized")
+                   f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << o->format << ',' << t.rel_error
+                     << ',' << t.sqnr_db << ',' << t.nonfinite << ",\n";
+                 else if (t.action == "kept")
+                   f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << t.format << ",,,,\"" << t.reason
+                     << "\"\n";
+               write_outputs({{"--errors-csv", o->errors_csv, f.str()}});
+             }
+           });
+         }});
   }
 
   // ---- dequantize
@@ -228,20 +241,23 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     CLI::App* c = app.add_subcommand("dequantize", "turn a quantized checkpoint back into float weights");
     c->add_option("MODEL_DIR", o->in, "quantized model directory or .safetensors file")->required();
     c->add_option("-o,--output", o->out, "output directory")->required();
-    c->add_option("--dtype", o->dtype, "bfloat16, float32 or float16 (default: the dtype the checkpoint was "
-                                       "quantized from, its config's torch_dtype)");
+    c->add_option("--dtype", o->dtype,
+                  "bfloat16, float32 or float16 (default: the dtype the checkpoint was "
+                  "quantized from, its config's torch_dtype)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
-      io::DequantizeOptions opt;
-      if (!o->dtype.empty()) opt.dtype = dtype_from_name(o->dtype);
-      opt.force = o->force;
-      ProgressBar bar("dequantize");
-      opt.progress = interruptible(bar.callback());
-      const auto t0 = std::chrono::steady_clock::now();
-      const io::Report r = io::dequantize_checkpoint(o->in, o->out, opt);
-      bar.finish();
-      print_summary("wrote", r, o->out, seconds_since(t0));
-    }); }});
+    cmds.push_back({c, [o] {
+                      run_interruptible(o->out, [&] {
+                        io::DequantizeOptions opt;
+                        if (!o->dtype.empty()) opt.dtype = dtype_from_name(o->dtype);
+                        opt.force = o->force;
+                        ProgressBar bar("dequantize");
+                        opt.progress = interruptible(bar.callback());
+                        const auto t0 = std::chrono::steady_clock::now();
+                        const io::Report r = io::dequantize_checkpoint(o->in, o->out, opt);
+                        bar.finish();
+                        print_summary("wrote", r, o->out, seconds_since(t0));
+                      });
+                    }});
   }
 
   // ---- convert
@@ -251,26 +267,30 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       bool force = false, unify = false;
     };
     auto o = std::make_shared<O>();
-    CLI::App* c = app.add_subcommand("convert", "re-layout a quantized checkpoint for another ecosystem "
-                                                "(same quantized bytes)");
+    CLI::App* c = app.add_subcommand("convert",
+                                     "re-layout a quantized checkpoint for another ecosystem "
+                                     "(same quantized bytes)");
     c->add_option("MODEL_DIR", o->in, "quantized model directory or .safetensors file")->required();
     c->add_option("-o,--output", o->out, "output directory")->required();
     c->add_option("--to", o->to, "compressed-tensors, modelopt or mlx")->required();
-    c->add_flag("--unify-fused-scales", o->unify, "re-quantize fused groups (q/k/v, gate/up) whose global scales "
-                                                  "differ to their common max (lossy for those layers)");
+    c->add_flag("--unify-fused-scales", o->unify,
+                "re-quantize fused groups (q/k/v, gate/up) whose global scales "
+                "differ to their common max (lossy for those layers)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
-    cmds.push_back({c, [o] { run_interruptible(o->out, [&] {
-      io::ConvertOptions opt;
-      opt.to = io::convention_from_name(o->to);
-      opt.unify_fused_scales = o->unify;
-      opt.force = o->force;
-      ProgressBar bar("convert");
-      opt.progress = interruptible(bar.callback());
-      const auto t0 = std::chrono::steady_clock::now();
-      const io::Report r = io::convert_checkpoint(o->in, o->out, opt);
-      bar.finish();
-      print_summary("wrote", r, o->out, seconds_since(t0));
-    }); }});
+    cmds.push_back({c, [o] {
+                      run_interruptible(o->out, [&] {
+                        io::ConvertOptions opt;
+                        opt.to = io::convention_from_name(o->to);
+                        opt.unify_fused_scales = o->unify;
+                        opt.force = o->force;
+                        ProgressBar bar("convert");
+                        opt.progress = interruptible(bar.callback());
+                        const auto t0 = std::chrono::steady_clock::now();
+                        const io::Report r = io::convert_checkpoint(o->in, o->out, opt);
+                        bar.finish();
+                        print_summary("wrote", r, o->out, seconds_since(t0));
+                      });
+                    }});
   }
 
   // ---- inspect
@@ -280,39 +300,41 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       bool no_stats = false;
     };
     auto o = std::make_shared<O>();
-    CLI::App* c = app.add_subcommand("inspect", "list tensors with dtype, shape, detected format, global-scale "
-                                                "convention and statistics");
+    CLI::App* c = app.add_subcommand("inspect",
+                                     "list tensors with dtype, shape, detected format, global-scale "
+                                     "convention and statistics");
     c->add_option("PATH", o->path, "model directory, index .json or .safetensors file")->required();
     c->add_flag("--no-stats", o->no_stats, "skip per-tensor statistics (reads headers only)");
-    cmds.push_back({c, [o] {
-      ProgressBar bar("inspect");
-      const io::InspectResult r = io::inspect_checkpoint(o->path, !o->no_stats, bar.callback());
-      bar.finish();
-      std::printf("%s: layout %s\n", o->path.c_str(), r.convention.c_str());
-      if (!r.config.empty()) {
-        std::string c2 = r.config;
-        if (c2.size() > 300) c2 = c2.substr(0, 297) + "...";
-        std::printf("config: %s\n", c2.c_str());
-      }
-      std::size_t w = 6, fw = 6;
-      for (const io::InspectRow& row : r.rows) {
-        w = std::max(w, row.name.size());
-        fw = std::max(fw, row.format.size());
-      }
-      std::printf("\n%-*s %-8s %-12s %-*s %11s %11s %11s %11s %6s  %s\n", static_cast<int>(w), "tensor", "dtype",
-                  "shape", static_cast<int>(fw), "format", "min", "max", "mean", "std", "nonfin", "detail");
-      for (const io::InspectRow& row : r.rows) {
-        std::printf("%-*s %-8s %-12s %-*s ", static_cast<int>(w), row.name.c_str(), row.dtype.c_str(),
-                    shape_str(row.shape, ShapeStyle::dims).c_str(), static_cast<int>(fw), row.format.c_str());
-        if (row.stats.valid)
-          std::printf("%11.4g %11.4g %11.4g %11.4g %6lld", row.stats.min, row.stats.max, row.stats.mean, row.stats.std,
-                      static_cast<long long>(row.stats.nonfinite));
-        else
-          std::printf("%11s %11s %11s %11s %6s", "-", "-", "-", "-", "-");
-        std::printf("  %s\n", row.detail.c_str());
-      }
-      for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
-    }});
+    cmds.push_back(
+        {c, [o] {
+           ProgressBar bar("inspect");
+           const io::InspectResult r = io::inspect_checkpoint(o->path, !o->no_stats, bar.callback());
+           bar.finish();
+           std::printf("%s: layout %s\n", o->path.c_str(), r.convention.c_str());
+           if (!r.config.empty()) {
+             std::string c2 = r.config;
+             if (c2.size() > 300) c2 = c2.substr(0, 297) + "...";
+             std::printf("config: %s\n", c2.c_str());
+           }
+           std::size_t w = 6, fw = 6;
+           for (const io::InspectRow& row : r.rows) {
+             w = std::max(w, row.name.size());
+             fw = std::max(fw, row.format.size());
+           }
+           std::printf("\n%-*s %-8s %-12s %-*s %11s %11s %11s %11s %6s  %s\n", static_cast<int>(w), "tensor", "dtype",
+                       "shape", static_cast<int>(fw), "format", "min", "max", "mean", "std", "nonfin", "detail");
+           for (const io::InspectRow& row : r.rows) {
+             std::printf("%-*s %-8s %-12s %-*s ", static_cast<int>(w), row.name.c_str(), row.dtype.c_str(),
+                         shape_str(row.shape, ShapeStyle::dims).c_str(), static_cast<int>(fw), row.format.c_str());
+             if (row.stats.valid)
+               std::printf("%11.4g %11.4g %11.4g %11.4g %6lld", row.stats.min, row.stats.max, row.stats.mean,
+                           row.stats.std, static_cast<long long>(row.stats.nonfinite));
+             else
+               std::printf("%11s %11s %11s %11s %6s", "-", "-", "-", "-", "-");
+             std::printf("  %s\n", row.detail.c_str());
+           }
+           for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
+         }});
   }
   return cmds;
 }

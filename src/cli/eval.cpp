@@ -147,7 +147,8 @@ Acc measure(const EvalMode& m, const TensorView& x, const std::vector<float>& va
   }
   a.energy = energy;
   a.n = x.numel();
-  a.bytes = static_cast<double>(q.packed.nbytes() + q.scales.nbytes() + (q.spec.mode == Mode::affine ? q.biases.nbytes() : 0)) +
+  a.bytes = static_cast<double>(q.packed.nbytes() + q.scales.nbytes() +
+                                (q.spec.mode == Mode::affine ? q.biases.nbytes() : 0)) +
             (m.global ? 4 : 0);
   a.bit_sum = bits_per_value(q.spec, x.dtype == DType::float32 ? 32 : 16) * static_cast<double>(a.n);
   return a;
@@ -199,18 +200,19 @@ double energy_of(const std::vector<float>& v) {
 }
 
 std::string where_text() {
-  return backend() == Backend::reference ? std::string("reference backend (scalar)")
-                                         : "cpu backend, target " + cpu_target() + ", " + std::to_string(num_threads()) +
-                                               " thread(s)";
+  return backend() == Backend::reference
+             ? std::string("reference backend (scalar)")
+             : "cpu backend, target " + cpu_target() + ", " + std::to_string(num_threads()) + " thread(s)";
 }
 
 // Says which weights hold NaN or Inf: their blocks dequantize to NaN (the propagate policy), so
 // the pooled errors of every mode are NaN rather than a number that hides them.
 void print_nonfinite_note(std::int64_t count, const std::vector<std::string>& tensors) {
   if (count == 0) return;
-  std::printf("note: %lld weight value%s NaN or Inf (in %s); blocks holding one dequantize to NaN, so rel.error "
-              "and SQNR are nan (the CSV counts them in nonfinite_values)\n",
-              static_cast<long long>(count), count == 1 ? " is" : "s are", join(tensors).c_str());
+  std::printf(
+      "note: %lld weight value%s NaN or Inf (in %s); blocks holding one dequantize to NaN, so rel.error "
+      "and SQNR are nan (the CSV counts them in nonfinite_values)\n",
+      static_cast<long long>(count), count == 1 ? " is" : "s are", join(tensors).c_str());
 }
 
 void print_table_header() {
@@ -232,12 +234,14 @@ std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::s
     total += t.numel();
   }
   if (names.empty()) throw Error(opt.model_dir + ": no projection weights (2-D float *.weight) to evaluate");
-  std::printf("microscale eval: %zu projection weights of %s (%.2f M values, %.1f MB), dequantize to %s, median of %d "
-              "runs, %s\n",
-              names.size(), opt.model_dir.c_str(), static_cast<double>(total) / 1e6, static_cast<double>(bytes) / 1e6,
-              dtype_name(opt.out), opt.repeats, where_text().c_str());
-  std::printf("errors pooled over all weights (sqrt of summed squared error over summed energy); size = all quantized "
-              "weights.\n\n");
+  std::printf(
+      "microscale eval: %zu projection weights of %s (%.2f M values, %.1f MB), dequantize to %s, median of %d "
+      "runs, %s\n",
+      names.size(), opt.model_dir.c_str(), static_cast<double>(total) / 1e6, static_cast<double>(bytes) / 1e6,
+      dtype_name(opt.out), opt.repeats, where_text().c_str());
+  std::printf(
+      "errors pooled over all weights (sqrt of summed squared error over summed energy); size = all quantized "
+      "weights.\n\n");
   std::map<std::string, Acc> acc;
   std::map<std::string, std::size_t> skipped;
   std::int64_t nonfinite = 0;
@@ -325,7 +329,8 @@ void validate(const EvalOptions& opt) {
   if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
   if (!opt.csv.empty()) check_output_path("--csv", opt.csv);
   if (!opt.svg.empty()) check_output_path("--svg", opt.svg);
-  if (!opt.csv.empty() && !opt.svg.empty() && fs::weakly_canonical(fs::absolute(opt.csv)) == fs::weakly_canonical(fs::absolute(opt.svg)))
+  if (!opt.csv.empty() && !opt.svg.empty() &&
+      fs::weakly_canonical(fs::absolute(opt.csv)) == fs::weakly_canonical(fs::absolute(opt.svg)))
     throw Error("--csv and --svg name the same file '" + opt.csv + "'");
   for (const std::string& name : opt.modes) {
     if (!find_mode(name)) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
@@ -363,8 +368,9 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
     std::printf("microscale eval: %lld x %lld %s weights, dequantize to %s, median of %d runs, %s\n",
                 static_cast<long long>(opt.rows), static_cast<long long>(opt.cols), dtype_name(opt.dtype),
                 dtype_name(opt.out), opt.repeats, where_text().c_str());
-    std::printf("bits/value counts scales (and affine biases) in the weights' dtype; nvfp4-gs is three-level\n"
-                "nvfp4 with global_scale = amax (its 32-bit tensor scale is not counted); size is one matrix.\n\n");
+    std::printf(
+        "bits/value counts scales (and affine biases) in the weights' dtype; nvfp4-gs is three-level\n"
+        "nvfp4 with global_scale = amax (its 32-bit tensor scale is not counted); size is one matrix.\n\n");
     print_table_header();
     std::map<std::string, Acc> all;
     std::uint64_t seed = opt.seed;
@@ -401,9 +407,10 @@ std::vector<EvalRow> run_eval(const EvalOptions& opt) {
     f << "matrix,mode,elements,dtype,bits_per_value,rel_error,sqnr_db,quant_gelem_per_s,dequant_gelem_per_s,"
          "size_bytes,nonfinite_values\n";
     for (const EvalRow& r : rows)
-      f << r.matrix << ',' << r.mode << ',' << r.elements << ',' << (opt.model_dir.empty() ? dtype_name(opt.dtype) : "model")
-        << ',' << r.bits_per_value << ',' << r.rel_error << ',' << r.sqnr_db << ',' << r.quant_gelems << ','
-        << r.dequant_gelems << ',' << r.size_bytes << ',' << r.nonfinite_values << '\n';
+      f << r.matrix << ',' << r.mode << ',' << r.elements << ','
+        << (opt.model_dir.empty() ? dtype_name(opt.dtype) : "model") << ',' << r.bits_per_value << ',' << r.rel_error
+        << ',' << r.sqnr_db << ',' << r.quant_gelems << ',' << r.dequant_gelems << ',' << r.size_bytes << ','
+        << r.nonfinite_values << '\n';
     files.push_back({"--csv", opt.csv, f.str()});
   }
   if (!opt.svg.empty()) {

@@ -27,9 +27,9 @@ struct EvalOptions {
   DType out = DType::float32;         // dequantize output dtype
   int repeats = 3;                    // timed runs per op; the median is reported
   std::uint64_t seed = 1234;
-  std::string csv;                    // also write the table here when not empty
-  std::string svg;                    // plot relative error against bits per value here when not empty
-  std::string model_dir;              // evaluate this checkpoint's projection weights instead
+  std::string csv;        // also write the table here when not empty
+  std::string svg;        // plot relative error against bits per value here when not empty
+  std::string model_dir;  // evaluate this checkpoint's projection weights instead
 };
 
 // One table row: a mode on one matrix, or on all of them ("all": errors pooled over every matrix,

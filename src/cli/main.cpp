@@ -31,12 +31,14 @@ int run(int argc, char** argv) {
   CLI::App app{"microscale: microscaling block quantization (NVFP4, MXFP4, MXFP8, affine)", "microscale"};
   app.set_version_flag("--version", std::string("microscale ") + MICROSCALE_VERSION);
   app.require_subcommand(0, 1);
-  app.footer("Run without arguments, microscale prints this help. `microscale eval` runs the evaluation with its "
-             "defaults; `microscale SUBCOMMAND --help` lists a subcommand's options.");
+  app.footer(
+      "Run without arguments, microscale prints this help. `microscale eval` runs the evaluation with its "
+      "defaults; `microscale SUBCOMMAND --help` lists a subcommand's options.");
 
-  CLI::App* eval = app.add_subcommand("eval", "quantization error, throughput and size of every mode on synthetic "
-                                             "weight matrices or a model's weights; table, CSV and SVG plot (the default "
-                                             "subcommand when the arguments start with an option)");
+  CLI::App* eval = app.add_subcommand("eval",
+                                      "quantization error, throughput and size of every mode on synthetic "
+                                      "weight matrices or a model's weights; table, CSV and SVG plot (the default "
+                                      "subcommand when the arguments start with an option)");
   cli::EvalOptions opt;
   std::string dtype = "bfloat16", out = "float32";
   eval->add_option("--rows", opt.rows, "rows of each synthetic matrix")->capture_default_str();
@@ -45,7 +47,8 @@ int run(int argc, char** argv) {
   std::string mode_help = "comma-separated modes (default: all):";
   for (const cli::EvalMode& m : cli::eval_modes()) mode_help += " " + m.name;
   comma_list(eval->add_option("--modes", opt.modes, mode_help));
-  comma_list(eval->add_option("--matrices", opt.matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)"));
+  comma_list(
+      eval->add_option("--matrices", opt.matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)"));
   eval->add_option("--dtype", dtype, "dtype the weights are stored in: float32, bfloat16, float16")
       ->capture_default_str();
   eval->add_option("--out", out, "dequantize output dtype: float32, bfloat16, float16")->capture_default_str();
@@ -65,12 +68,15 @@ int run(int argc, char** argv) {
   const std::vector<cli::Command> commands = cli::add_checkpoint_commands(app);
   std::string backend, target;
   int threads = 0;
-  eval->add_option("--backend", backend, "cpu (SIMD + threads) or reference (scalar executable spec); "
-                                         "default: MICROSCALE_BACKEND or cpu");
-  eval->add_option("--cpu-target", target, "force a SIMD target of the cpu backend (auto; x86: avx512_dl, avx512, "
-                                           "avx2, sse4, ssse3; Arm: sve2_128, sve_256, sve2, sve, neon; scalar)");
-  eval->add_option("--threads", threads, "threads per call of the cpu backend (default: MICROSCALE_NUM_THREADS, "
-                                         "OMP_NUM_THREADS or the CPUs this process may run on)");
+  eval->add_option("--backend", backend,
+                   "cpu (SIMD + threads) or reference (scalar executable spec); "
+                   "default: MICROSCALE_BACKEND or cpu");
+  eval->add_option("--cpu-target", target,
+                   "force a SIMD target of the cpu backend (auto; x86: avx512_dl, avx512, "
+                   "avx2, sse4, ssse3; Arm: sve2_128, sve_256, sve2, sve, neon; scalar)");
+  eval->add_option("--threads", threads,
+                   "threads per call of the cpu backend (default: MICROSCALE_NUM_THREADS, "
+                   "OMP_NUM_THREADS or the CPUs this process may run on)");
 
   // A bare `microscale` prints this help (exit 0) rather than starting a long run that writes files.
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -121,9 +127,10 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::bad_alloc&) {
-    std::fputs("microscale: error: out of memory. Try smaller --rows/--cols (eval), fewer --threads, or free memory "
-               "by closing other programs.\n",
-               stderr);
+    std::fputs(
+        "microscale: error: out of memory. Try smaller --rows/--cols (eval), fewer --threads, or free memory "
+        "by closing other programs.\n",
+        stderr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "microscale: error: %s\n", e.what());
   }

@@ -35,8 +35,9 @@ class ProgressBar {
     const double secs = std::chrono::duration<double>(now - start_).count();
     const double rate = secs > 0 ? static_cast<double>(p.bytes_done) / secs : 0;
     const int width = 24;
-    const int fill = p.bytes_total ? static_cast<int>(width * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total))
-                                   : (p.total ? static_cast<int>(width * p.done / p.total) : width);
+    const int fill =
+        p.bytes_total ? static_cast<int>(width * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total))
+                      : (p.total ? static_cast<int>(width * p.done / p.total) : width);
     std::string bar(static_cast<std::size_t>(fill), '#');
     bar.resize(static_cast<std::size_t>(width), '-');
     char head[160];

@@ -29,8 +29,8 @@ const char* dtype_name(DType t) {
 }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType t : {DType::float32, DType::float16, DType::bfloat16, DType::uint8, DType::uint32,
-                  DType::int32, DType::int64}) {
+  for (DType t :
+       {DType::float32, DType::float16, DType::bfloat16, DType::uint8, DType::uint32, DType::int32, DType::int64}) {
     if (name == dtype_name(t)) return t;
   }
   throw Error("unsupported dtype '" + name + "'");

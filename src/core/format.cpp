@@ -55,8 +55,7 @@ Mode mode_from_name(const std::string& s) {
   return parse(s, all, "mode");
 }
 ScaleRule scale_rule_from_name(const std::string& s) {
-  static constexpr ScaleRule all[] = {ScaleRule::ceil, ScaleRule::floor, ScaleRule::even,
-                                      ScaleRule::nearest};
+  static constexpr ScaleRule all[] = {ScaleRule::ceil, ScaleRule::floor, ScaleRule::even, ScaleRule::nearest};
   return parse(s, all, "scale_rule");
 }
 NonFinite nonfinite_from_name(const std::string& s) {
@@ -84,18 +83,16 @@ QuantSpec resolve(const QuantSpec& spec) {
   if (r.group_size == 0) r.group_size = default_group;
   if (r.bits == 0) r.bits = default_bits;
   if (fp) {
-    require(r.group_size == default_group,
-            "group_size " + std::to_string(r.group_size) + " is not supported (only " +
-                std::to_string(default_group) + ")");
-    require(r.bits == default_bits, "bits " + std::to_string(r.bits) + " is not supported (only " +
-                                        std::to_string(default_bits) + ")");
+    require(r.group_size == default_group, "group_size " + std::to_string(r.group_size) + " is not supported (only " +
+                                               std::to_string(default_group) + ")");
+    require(r.bits == default_bits,
+            "bits " + std::to_string(r.bits) + " is not supported (only " + std::to_string(default_bits) + ")");
   } else {
     require(r.group_size == 32 || r.group_size == 64 || r.group_size == 128,
             "group_size " + std::to_string(r.group_size) + " is not supported (32, 64 or 128)");
     require(r.bits == 2 || r.bits == 3 || r.bits == 4 || r.bits == 5 || r.bits == 6 || r.bits == 8,
             "bits " + std::to_string(r.bits) + " is not supported (2, 3, 4, 5, 6 or 8)");
-    require(r.layout == Layout::compact,
-            "the swizzled scale layout is for fp modes only (affine scales are floats)");
+    require(r.layout == Layout::compact, "the swizzled scale layout is for fp modes only (affine scales are floats)");
   }
   require(r.elem == Elem::e4m3 || r.mode == Mode::mxfp8, "elem is an mxfp8 option");
   require(r.scale_rule == ScaleRule::ceil || r.mode == Mode::mxfp4 || r.mode == Mode::mxfp8,
@@ -110,7 +107,8 @@ QuantSpec resolve(const QuantSpec& spec) {
   return r;
 }
 
-QqmmSpecs resolve_qqmm(const QuantSpec& spec, std::optional<float> global_scale_x, std::optional<float> global_scale_w) {
+QqmmSpecs resolve_qqmm(const QuantSpec& spec, std::optional<float> global_scale_x,
+                       std::optional<float> global_scale_w) {
   auto require = [](bool ok, const char* msg) {
     if (!ok) throw Error(msg);
   };

@@ -146,7 +146,7 @@ MS_HD std::uint8_t encode_e8m0(float v) {
   if (!(v > 0.0f) || !is_finite(v)) return kE8M0NaN;
   const std::uint32_t b = bits_of(v);
   if (b < 0x00800000u) return b >= 0x00600000u ? 1 : 0;  // f32 subnormal: midpoint 1.5 * 2^-127
-  const std::uint32_t e = (b + 0x00400000u) >> 23;        // the midpoint 1.5 * 2^k rounds up
+  const std::uint32_t e = (b + 0x00400000u) >> 23;       // the midpoint 1.5 * 2^k rounds up
   return static_cast<std::uint8_t>(e > 254 ? 254 : e);
 }
 // 0x00 -> 2^-127 (f32 subnormal), 0xFF -> NaN.

@@ -66,9 +66,9 @@ HWY_INLINE std::int64_t FirstNonFinite(const L* p, std::size_t n, Bits<L> k) {
   const auto abs = hn::Set(d, k.abs), below = hn::Set(d, static_cast<L>(k.inf - 1));
   std::size_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
-    const auto m = hn::Max(hn::Max(hn::And(hn::LoadU(d, p + i), abs), hn::And(hn::LoadU(d, p + i + N), abs)),
-                           hn::Max(hn::And(hn::LoadU(d, p + i + 2 * N), abs),
-                                   hn::And(hn::LoadU(d, p + i + 3 * N), abs)));
+    const auto m =
+        hn::Max(hn::Max(hn::And(hn::LoadU(d, p + i), abs), hn::And(hn::LoadU(d, p + i + N), abs)),
+                hn::Max(hn::And(hn::LoadU(d, p + i + 2 * N), abs), hn::And(hn::LoadU(d, p + i + 3 * N), abs)));
     if (!hn::AllFalse(d, hn::Gt(m, below))) break;  // the first hit is in these 4 vectors: found below
   }
   for (; i + N <= n; i += N) {

@@ -36,8 +36,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Single-lane vectors gain nothing: the reference, on this thread's blocks.
 inline void DequantizeBlocks(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases,
-                      DType scale_dtype, const QuantSpec& spec, DType out, std::int64_t b0, std::int64_t b1,
-                      std::byte* y) {
+                             DType scale_dtype, const QuantSpec& spec, DType out, std::int64_t b0, std::int64_t b1,
+                             std::byte* y) {
   const std::int64_t G = spec.group_size;
   const std::size_t ss = dtype_size(scale_dtype);
   reference::dequantize(packed + b0 * G * spec.bits / 8, scales + static_cast<std::size_t>(b0) * ss,
@@ -109,7 +109,7 @@ HWY_INLINE VI PairOrder() {
   const VI k2 = hn::ShiftRight<1>(hn::And(l, hn::Set(di, ~3)));  // 2 * block
   const VI i = hn::And(l, hn::Set(di, 1));
   return hn::Add(hn::Add(k2, i), hn::IfThenElseZero(hn::Gt(hn::And(l, hn::Set(di, 3)), hn::Set(di, 1)),
-                                                   hn::Set(di, static_cast<std::int32_t>(kN / 2))));
+                                                    hn::Set(di, static_cast<std::int32_t>(kN / 2))));
 }
 
 // ---- block formats ----
@@ -145,11 +145,12 @@ HWY_INLINE void DequantizeTile(const std::uint8_t* packed, VF factors, O* y) {
     if constexpr (2 * kN <= G)
       f = hn::Set(df, factor[e / G]);
     else  // pairs of two blocks: lane L's block is (e + 2 * order[L]) / G
-      f = hn::TableLookupLanes(factors, hn::IndicesFromVec(
-                                            df, hn::ShiftRight<3>(hn::Add(order, hn::Set(di, static_cast<int>(e / 2))))));
-    VI words = hn::BitCast(di, kBits == 4 ? hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint8_t, DF>(), packed + e / 2))
-                                          : hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint16_t, DF>(),
-                                                                          reinterpret_cast<const std::uint16_t*>(packed + e))));
+      f = hn::TableLookupLanes(
+          factors, hn::IndicesFromVec(df, hn::ShiftRight<3>(hn::Add(order, hn::Set(di, static_cast<int>(e / 2))))));
+    VI words = hn::BitCast(
+        di, kBits == 4 ? hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint8_t, DF>(), packed + e / 2))
+                       : hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint16_t, DF>(),
+                                                       reinterpret_cast<const std::uint16_t*>(packed + e))));
     if constexpr (std::is_same_v<O, float>) words = hn::TableLookupLanes(words, hn::IndicesFromVec(di, order));
     constexpr int kMask = kBits == 4 ? 0xF : 0xFF;
     VF even = hn::Mul(DecodeElements<kKind, kNaN>(hn::And(words, hn::Set(di, kMask))), f);
@@ -240,10 +241,10 @@ void AffineGroups(const std::uint8_t* packed, const std::byte* scales, const std
     for (int i = 0; i < gs; i += 2 * static_cast<int>(kN)) {
       VI even, odd;
       if (whole_bytes) {
-        const VI pairs = hn::BitCast(
-            di, bits == 4 ? hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint8_t, DF>(), in + i / 2))
-                          : hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint16_t, DF>(),
-                                                          reinterpret_cast<const std::uint16_t*>(in + i))));
+        const VI pairs =
+            hn::BitCast(di, bits == 4 ? hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint8_t, DF>(), in + i / 2))
+                                      : hn::PromoteTo(DU(), hn::LoadU(hn::Rebind<std::uint16_t, DF>(),
+                                                                      reinterpret_cast<const std::uint16_t*>(in + i))));
         even = hn::And(pairs, hn::Set(di, (1 << bits) - 1));
         odd = bits == 4 ? hn::ShiftRight<4>(pairs) : hn::ShiftRight<8>(pairs);
       } else {
@@ -265,15 +266,12 @@ void Blocks(const std::uint8_t* packed, const std::byte* scales, const std::byte
             const QuantSpec& spec, std::int64_t b0, std::int64_t b1, O* y) {
   const auto* s8 = reinterpret_cast<const std::uint8_t*>(scales);
   switch (spec.mode) {
-    case Mode::nvfp4:
-      return FpBlocks<Kind::nvfp4>(packed, s8, spec, b0, b1, y);
-    case Mode::mxfp4:
-      return FpBlocks<Kind::mxfp4>(packed, s8, spec, b0, b1, y);
+    case Mode::nvfp4: return FpBlocks<Kind::nvfp4>(packed, s8, spec, b0, b1, y);
+    case Mode::mxfp4: return FpBlocks<Kind::mxfp4>(packed, s8, spec, b0, b1, y);
     case Mode::mxfp8:
       if (spec.elem == Elem::e5m2) return FpBlocks<Kind::mxfp8_e5m2>(packed, s8, spec, b0, b1, y);
       return FpBlocks<Kind::mxfp8_e4m3>(packed, s8, spec, b0, b1, y);
-    case Mode::affine:
-      return AffineGroups(packed, scales, biases, sdt, spec, b0, b1, y);
+    case Mode::affine: return AffineGroups(packed, scales, biases, sdt, spec, b0, b1, y);
   }
 }
 
@@ -287,8 +285,7 @@ inline void DequantizeBlocks(const std::uint8_t* packed, const std::byte* scales
       return Blocks(packed, scales, biases, scale_dtype, spec, b0, b1, reinterpret_cast<hwy::float16_t*>(y));
     case DType::bfloat16:
       return Blocks(packed, scales, biases, scale_dtype, spec, b0, b1, reinterpret_cast<hwy::bfloat16_t*>(y));
-    default:
-      return Blocks(packed, scales, biases, scale_dtype, spec, b0, b1, reinterpret_cast<float*>(y));
+    default: return Blocks(packed, scales, biases, scale_dtype, spec, b0, b1, reinterpret_cast<float*>(y));
   }
 }
 

@@ -39,8 +39,8 @@ constexpr std::int64_t kTileRows = 8;
 // decodes its rows in whole groups; the panel buffer is padded with zero rows to whole tiles.
 constexpr std::int64_t kPanel = 128;
 constexpr std::int64_t kPanelRows = (kPanel + kTileRows - 1) / kTileRows * kTileRows;
-constexpr std::int64_t kDepth = 256;  // K values per decoded panel
-constexpr std::int64_t kRowsOfX = 512;           // rows of x per packed block
+constexpr std::int64_t kDepth = 256;    // K values per decoded panel
+constexpr std::int64_t kRowsOfX = 512;  // rows of x per packed block
 
 // ---------------------------------------------------------------------------------------------
 // transpose = false with few rows: y[m, :] += x[m, k] * W[k, :], W decoded a row slice at a time.
@@ -64,7 +64,8 @@ inline void AxpyRows(const float* x, std::int64_t M, const QuantizedMatrix& w, c
           const VF xs = hn::Set(df, x[m * K + k]);
           float* a = acc.get() + m * kAxpyPanel;
           std::int64_t i = 0;
-          for (; i + L <= nc; i += L) hn::Store(hn::MulAdd(xs, hn::Load(df, buf.get() + i), hn::Load(df, a + i)), df, a + i);
+          for (; i + L <= nc; i += L)
+            hn::Store(hn::MulAdd(xs, hn::Load(df, buf.get() + i), hn::Load(df, a + i)), df, a + i);
           for (; i < nc; ++i) a[i] += x[m * K + k] * buf[static_cast<std::size_t>(i)];
         }
       }
@@ -98,31 +99,34 @@ HWY_INLINE void Tile(const float* at, std::int64_t ld, const float* b, std::int6
   const DF df;
   const std::size_t L = kN;
   [[maybe_unused]] VF c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71;
-#define MICROSCALE_TILE_LOAD(i)                                                          \
-  if constexpr (kTileRows > i) {                                                         \
-    c##i##0 = hn::Load(df, ct + (i) * ldc), c##i##1 = hn::Load(df, ct + (i) * ldc + L); \
+#define MICROSCALE_TILE_LOAD(i)                                                     \
+  if constexpr (kTileRows > i) {                                                    \
+    c##i##0 = hn::Load(df, ct + (i)*ldc), c##i##1 = hn::Load(df, ct + (i)*ldc + L); \
   }
-  MICROSCALE_TILE_LOAD(0) MICROSCALE_TILE_LOAD(1) MICROSCALE_TILE_LOAD(2) MICROSCALE_TILE_LOAD(3)
-  MICROSCALE_TILE_LOAD(4) MICROSCALE_TILE_LOAD(5) MICROSCALE_TILE_LOAD(6) MICROSCALE_TILE_LOAD(7)
+  MICROSCALE_TILE_LOAD(0)
+  MICROSCALE_TILE_LOAD(1) MICROSCALE_TILE_LOAD(2) MICROSCALE_TILE_LOAD(3) MICROSCALE_TILE_LOAD(4)
+      MICROSCALE_TILE_LOAD(5) MICROSCALE_TILE_LOAD(6) MICROSCALE_TILE_LOAD(7)
 #undef MICROSCALE_TILE_LOAD
-  for (std::int64_t k = 0; k < kc; ++k) {
+          for (std::int64_t k = 0; k < kc; ++k) {
     const VF a0 = hn::Load(df, at + k * ld), a1 = hn::Load(df, at + k * ld + L);
-#define MICROSCALE_TILE_ROW(i)                          \
-  if constexpr (kTileRows > i) {                        \
-    const VF bi = hn::Set(df, b[(i) * kDepth + k]);     \
-    c##i##0 = hn::MulAdd(bi, a0, c##i##0);              \
-    c##i##1 = hn::MulAdd(bi, a1, c##i##1);              \
+#define MICROSCALE_TILE_ROW(i)                    \
+  if constexpr (kTileRows > i) {                  \
+    const VF bi = hn::Set(df, b[(i)*kDepth + k]); \
+    c##i##0 = hn::MulAdd(bi, a0, c##i##0);        \
+    c##i##1 = hn::MulAdd(bi, a1, c##i##1);        \
   }
-    MICROSCALE_TILE_ROW(0) MICROSCALE_TILE_ROW(1) MICROSCALE_TILE_ROW(2) MICROSCALE_TILE_ROW(3)
-    MICROSCALE_TILE_ROW(4) MICROSCALE_TILE_ROW(5) MICROSCALE_TILE_ROW(6) MICROSCALE_TILE_ROW(7)
+    MICROSCALE_TILE_ROW(0)
+    MICROSCALE_TILE_ROW(1) MICROSCALE_TILE_ROW(2) MICROSCALE_TILE_ROW(3) MICROSCALE_TILE_ROW(4) MICROSCALE_TILE_ROW(5)
+        MICROSCALE_TILE_ROW(6) MICROSCALE_TILE_ROW(7)
 #undef MICROSCALE_TILE_ROW
   }
-#define MICROSCALE_TILE_STORE(i)                                                          \
-  if constexpr (kTileRows > i) {                                                          \
-    hn::Store(c##i##0, df, ct + (i) * ldc), hn::Store(c##i##1, df, ct + (i) * ldc + L); \
+#define MICROSCALE_TILE_STORE(i)                                                    \
+  if constexpr (kTileRows > i) {                                                    \
+    hn::Store(c##i##0, df, ct + (i)*ldc), hn::Store(c##i##1, df, ct + (i)*ldc + L); \
   }
-  MICROSCALE_TILE_STORE(0) MICROSCALE_TILE_STORE(1) MICROSCALE_TILE_STORE(2) MICROSCALE_TILE_STORE(3)
-  MICROSCALE_TILE_STORE(4) MICROSCALE_TILE_STORE(5) MICROSCALE_TILE_STORE(6) MICROSCALE_TILE_STORE(7)
+  MICROSCALE_TILE_STORE(0)
+  MICROSCALE_TILE_STORE(1) MICROSCALE_TILE_STORE(2) MICROSCALE_TILE_STORE(3) MICROSCALE_TILE_STORE(4)
+      MICROSCALE_TILE_STORE(5) MICROSCALE_TILE_STORE(6) MICROSCALE_TILE_STORE(7)
 #undef MICROSCALE_TILE_STORE
 }
 

@@ -38,7 +38,7 @@ HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int kRowsPerPass = 4;         // rows of x that share one decode of a weight row
+constexpr int kRowsPerPass = 4;          // rows of x that share one decode of a weight row
 constexpr std::int64_t kGemvGrain = 32;  // weight rows per parallel chunk
 
 // Bytes of codes per decode step of the 4-bit kernels, and the weights they hold.
@@ -81,8 +81,8 @@ inline std::int64_t NibbleOrderIndex(std::int64_t k) {
 
 // Rows of x times `scale` (a power of two) in nibble order, step by step, zero-padded to a whole
 // number of steps.
-inline hwy::AlignedFreeUniquePtr<float[]> NibbleOrder(const float* x, std::int64_t M, std::int64_t K,
-                                                       std::int64_t Kp, float scale) {
+inline hwy::AlignedFreeUniquePtr<float[]> NibbleOrder(const float* x, std::int64_t M, std::int64_t K, std::int64_t Kp,
+                                                      float scale) {
   auto xd = hwy::AllocateAligned<float>(static_cast<std::size_t>(M * Kp));
   std::fill(xd.get(), xd.get() + M * Kp, 0.0f);
   constexpr auto S = static_cast<std::int64_t>(kStepWeights);
@@ -306,7 +306,8 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
     const auto factor = [&](std::size_t q) HWY_ATTR {
       if constexpr (2 * kN > G) {  // vector q: groups 2q (lower half) and 2q + 1
         const hn::Half<DF> dh;
-        return hn::Combine(df, hn::Set(dh, factor_of[scale_codes[2 * q + 1]]), hn::Set(dh, factor_of[scale_codes[2 * q]]));
+        return hn::Combine(df, hn::Set(dh, factor_of[scale_codes[2 * q + 1]]),
+                           hn::Set(dh, factor_of[scale_codes[2 * q]]));
       } else {
         return hn::Set(df, factor_of[scale_codes[q]]);
       }
@@ -323,9 +324,9 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
 
 // Sums of kM rows of x (natural order, stride K) against one mxfp8 row, decoding codes as if
 // none were NaN or Inf. kPrescaled: x holds x * 2^(127-B) (see PrescaleForFp8), so the decoded
-// bits multiply it directly: the products are exactly x * v, rounded once. Returns whether some code was (the caller then recomputes the row
-// exactly): E4M3 0x7F and 0xFF, E5M2 0x7C .. 0x7F and 0xFC .. 0xFF, found from the codes' largest
-// signed and unsigned bytes.
+// bits multiply it directly: the products are exactly x * v, rounded once. Returns whether some code was (the caller
+// then recomputes the row exactly): E4M3 0x7F and 0xFF, E5M2 0x7C .. 0x7F and 0xFC .. 0xFF, found from the codes'
+// largest signed and unsigned bytes.
 template <int kM, bool kE5M2, bool kPrescaled>
 HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const float* x, std::int64_t K, float* sums) {
   const DF df;
@@ -367,8 +368,9 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
     group(k0 + 32);
   }
   const std::int64_t tracked = k0;  // codes [0, tracked) went through track()
-  if (k0 < K) group(k0);             // K is a multiple of 32: at most one group left
-  Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+  if (k0 < K) group(k0);            // K is a multiple of 32: at most one group left
+  Rows<kM>([&](auto m)
+               HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
   constexpr int kHigh = kE5M2 ? 0x7B : 0x7E;  // magnitudes above it are special
   for (std::int64_t k = tracked; k < K; ++k)
     if ((codes[k] & 0x7F) > kHigh) return true;
@@ -444,7 +446,8 @@ HWY_INLINE void Affine8Row(const std::uint8_t* codes, const float* scales, std::
       a = hn::MulAdd(Pick<decltype(m)::value>(t0, t1, t2, t3), f, a);
     });
   }
-  Rows<kM>([&](auto m) HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
+  Rows<kM>([&](auto m)
+               HWY_ATTR { sums[m] = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3))); });
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR
@@ -490,13 +493,12 @@ HWY_INLINE void GenericRow(const QuantizedMatrix& w, std::int64_t n, const float
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// An extra 16-lane path for nvfp4 / mxfp4 behind the same dispatch (raw AVX-512: vpermps reading only the low 4 bits of an
-// index is what makes the decode cheap, and Highway's table lookups require in-range indices).
-// E2M1 codes index a 16-entry float table directly, against x rearranged once per call to match
-// the order the codes arrive in. Shuffles bound this loop on Zen 4 (dropping the byte-to-dword
-// widening took it from 1.8 to 1.3 ns per 32 weights), so the layout needs no other shuffle per
-// code. Scale factors for 16 groups are decoded in one vector and spread to the lanes of their
-// group by a table lookup.
+// An extra 16-lane path for nvfp4 / mxfp4 behind the same dispatch (raw AVX-512: vpermps reading only the low 4 bits of
+// an index is what makes the decode cheap, and Highway's table lookups require in-range indices). E2M1 codes index a
+// 16-entry float table directly, against x rearranged once per call to match the order the codes arrive in. Shuffles
+// bound this loop on Zen 4 (dropping the byte-to-dword widening took it from 1.8 to 1.3 ns per 32 weights), so the
+// layout needs no other shuffle per code. Scale factors for 16 groups are decoded in one vector and spread to the lanes
+// of their group by a table lookup.
 
 // Float32 scale factors of 16 consecutive groups from their code bytes: E4M3 for nvfp4 (times
 // the three-level factor exactly as dequantize forms it), E8M0 for mx.
@@ -518,11 +520,10 @@ HWY_INLINE __m512 ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) 
   }
   // 2^(c - 127) from its bits; c = 0 is the subnormal 2^-127, c = 255 NaN.
   __m512i bits = _mm512_slli_epi32(c, 23);
-  bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), bits,
-                                 _mm512_set1_epi32(0x00400000));
+  bits =
+      _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), bits, _mm512_set1_epi32(0x00400000));
   return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xFF)), _mm512_castsi512_ps(bits), nan);
 }
-
 
 // Where x[k] goes in the deinterleaved copy, given the row's 128-value blocks end at k128.
 //  - Inside a 128-value block, 64 code bytes load as 16 dwords with no shuffle: dword l holds the
@@ -566,7 +567,7 @@ HWY_INLINE __m512 RowFactors(const std::uint8_t* row_codes, std::int64_t groups,
 // block, t = sum of x times E2M1 values, then acc += t * (factor of each lane's group).
 template <int kM, bool kNv>
 void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1, const float* bias,
-                 float* y) {
+                       float* y) {
   constexpr std::int64_t kGroup = kNv ? numerics::kNvfp4Group : numerics::kMxGroup;
   constexpr std::int64_t kBlocksPerFactors = kNv ? 2 : 4;  // 128-value blocks covered by 16 groups
   const std::int64_t K = w.cols, N = w.rows;
@@ -612,7 +613,7 @@ void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, std::int64_t n
       const std::int64_t g = c * 32 / kGroup;
       const __m512 chunk_factors = RowFactors(sc, groups, g, w.spec);
       const __m512 f = kNv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk), chunk_factors)
-                          : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
+                           : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 16)));
       const __m512 even = _mm512_permutexvar_ps(bytes, table);
       const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
@@ -665,10 +666,8 @@ inline GemvKernel KernelFor(const QuantSpec& s) {
   if (HWY_TARGET == HWY_SCALAR) return GemvKernel::generic;
   switch (s.mode) {
     case Mode::nvfp4:
-    case Mode::mxfp4:
-      return GemvKernel::fp4;
-    case Mode::mxfp8:
-      return GemvKernel::fp8;
+    case Mode::mxfp4: return GemvKernel::fp4;
+    case Mode::mxfp8: return GemvKernel::fp8;
     case Mode::affine:
       return s.bits == 4 ? GemvKernel::affine4 : s.bits == 8 ? GemvKernel::affine8 : GemvKernel::generic;
   }
@@ -679,15 +678,15 @@ inline GemvKernel KernelFor(const QuantSpec& s) {
 struct GemvInput {
   const QuantizedMatrix* w;
   GemvKernel kernel;
-  const float* x;           // [M, K]
-  const float* xd;          // nibble order [M, Kp]: fp4 and affine4
-  bool scaled_x;            // fp4: xd holds x * 2^-25
-  const float* x_prescaled; // mxfp8: x * 2^(127-B) when exact (PrescaleForFp8), else null
-  const float* group_sums;  // [M, K/gs]: affine
-  const float* fp4_factors; // fp4: the factor of each of the 256 scale codes
+  const float* x;            // [M, K]
+  const float* xd;           // nibble order [M, Kp]: fp4 and affine4
+  bool scaled_x;             // fp4: xd holds x * 2^-25
+  const float* x_prescaled;  // mxfp8: x * 2^(127-B) when exact (PrescaleForFp8), else null
+  const float* group_sums;   // [M, K/gs]: affine
+  const float* fp4_factors;  // fp4: the factor of each of the 256 scale codes
   std::int64_t Kp;
   const float* bias;
-  float* y;                 // [M, N]
+  float* y;  // [M, N]
 };
 
 // W rows [n0, n1) against rows [m0, m0 + kM) of x.
@@ -764,9 +763,7 @@ void GemvRows(const GemvInput& in, std::int64_t m0, std::int64_t n0, std::int64_
         break;
       }
 #endif
-      default:
-        GenericRow<kM>(w, n, x, slice.get(), sums);
-        break;
+      default: GenericRow<kM>(w, n, x, slice.get(), sums); break;
     }
     for (int m = 0; m < kM; ++m) in.y[(m0 + m) * N + n] = in.bias ? sums[m] + in.bias[n] : sums[m];
   }
@@ -776,8 +773,7 @@ void GemvRows(const GemvInput& in, std::int64_t m0, std::int64_t n0, std::int64_
 inline void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const float* bias, float* y) {
   const std::int64_t K = w.cols, N = w.rows;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if ((w.spec.mode == Mode::nvfp4 || w.spec.mode == Mode::mxfp4) && K % 32 == 0)
-    return GemvFp4Avx512(x, M, w, bias, y);
+  if ((w.spec.mode == Mode::nvfp4 || w.spec.mode == Mode::mxfp4) && K % 32 == 0) return GemvFp4Avx512(x, M, w, bias, y);
 #endif
   GemvInput in{&w, KernelFor(w.spec), x, nullptr, false, nullptr, nullptr, nullptr, K, bias, y};
 #if HWY_TARGET != HWY_SCALAR

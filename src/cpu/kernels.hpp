@@ -15,8 +15,8 @@
 namespace microscale::cpu {
 
 // x: rows*K values of dtype src (float32, float16 or bfloat16). Outputs as reference::quantize.
-void quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const QuantSpec& spec,
-              std::uint8_t* packed, std::byte* scales, std::byte* biases);
+void quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const QuantSpec& spec, std::uint8_t* packed,
+              std::byte* scales, std::byte* biases);
 void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases, DType scale_dtype,
                 std::int64_t rows, std::int64_t K, const QuantSpec& spec, DType out, std::byte* y);
 // max |x_i| over finite values (0 if none).
@@ -31,7 +31,7 @@ struct QuantizedMatrix {
   const std::byte* biases;  // affine only
   DType scale_dtype;        // uint8 codes, or the float dtype of affine scales and biases
   std::int64_t rows, cols;
-  QuantSpec spec;           // resolved; global_scale set for three-level nvfp4
+  QuantSpec spec;  // resolved; global_scale set for three-level nvfp4
 };
 
 // Rows of x up to which quantized_matmul runs the GEMV (fused decode and multiply for

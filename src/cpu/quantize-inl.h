@@ -39,7 +39,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Single-lane vectors gain nothing: widen a few blocks at a time and run the reference.
 inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
-                    std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+                           std::uint8_t* packed, std::byte* scales, std::byte* biases) {
   constexpr std::int64_t kChunk = 64;
   const std::int64_t G = spec.group_size;
   const std::int64_t block_bytes = G * spec.bits / 8;
@@ -108,10 +108,10 @@ HWY_INLINE VI BlockMaxBits(const T* x) {
     // interleave per input instead of ConcatOdd/ConcatEven's two cross-block shuffles. With 8
     // lanes, one exchange of 128-bit halves then merges the two quads' partial maxima.
     const DI di;
-    auto pair = [di](VI a, VI b) HWY_ATTR { return hn::Max(hn::InterleaveLower(di, a, b), hn::InterleaveUpper(di, a, b)); };
-    auto quad = [&](std::size_t q) HWY_ATTR {
-      return pair(pair(block(q), block(q + 2)), pair(block(q + 1), block(q + 3)));
-    };
+    auto pair = [di](VI a, VI b)
+                    HWY_ATTR { return hn::Max(hn::InterleaveLower(di, a, b), hn::InterleaveUpper(di, a, b)); };
+    auto quad = [&](std::size_t q)
+                    HWY_ATTR { return pair(pair(block(q), block(q + 2)), pair(block(q + 1), block(q + 3))); };
     if constexpr (kN == 4) {
       return quad(0);
     } else {
@@ -129,9 +129,11 @@ template <std::size_t G, bool kSat>
 HWY_INLINE VI BlockMaxBits(const hwy::bfloat16_t* x) {
   const hn::Repartition<std::int16_t, DF> d16;
   const VI h = hn::BitCast(DI(), TransposedMax<0, G / 2>(d16, [x, d16](std::size_t v) HWY_ATTR {
-    const auto a = hn::And(hn::LoadU(d16, reinterpret_cast<const std::int16_t*>(x) + v * 2 * kN), hn::Set(d16, 0x7FFF));
-    return kSat ? hn::IfThenZeroElse(hn::Gt(a, hn::Set(d16, 0x7F80)), a) : a;
-  }));
+                             const auto a =
+                                 hn::And(hn::LoadU(d16, reinterpret_cast<const std::int16_t*>(x) + v * 2 * kN),
+                                         hn::Set(d16, 0x7FFF));
+                             return kSat ? hn::IfThenZeroElse(hn::Gt(a, hn::Set(d16, 0x7F80)), a) : a;
+                           }));
   return hn::Max(hn::ShiftLeft<16>(h), hn::And(h, hn::Set(DI(), static_cast<std::int32_t>(0xFFFF0000u))));
 }
 
@@ -193,7 +195,8 @@ struct Nvfp4 {
 };
 
 inline Nvfp4 Nvfp4Factors(const QuantSpec& spec) {
-  const numerics::Nvfp4Tensor t = numerics::nvfp4_tensor(spec.global_scale.has_value(), spec.global_scale.value_or(0.0f));
+  const numerics::Nvfp4Tensor t =
+      numerics::nvfp4_tensor(spec.global_scale.has_value(), spec.global_scale.value_or(0.0f));
   return {t.s_enc * f32_from_bits(kC6Bits), t.s_dec};
 }
 
@@ -237,8 +240,7 @@ HWY_INLINE VI E8m0Scales(VI bm, ScaleRule rule, DType src) {
       const VI up = hn::VecFromMask(di, hn::Gt(mant, keep));
       return hn::Min(hn::Sub(e, up), hn::Set(di, 0xFE));
     }
-    case ScaleRule::floor:
-      return hn::Max(hn::Sub(hn::ShiftRight<23>(bm), hn::Set(di, F::EMAX)), hn::Zero(di));
+    case ScaleRule::floor: return hn::Max(hn::Sub(hn::ShiftRight<23>(bm), hn::Set(di, F::EMAX)), hn::Zero(di));
     case ScaleRule::even: {
       const VI b = hn::Add(bm, hn::Set(di, 1 << (22 - F::M)));
       const VI e = hn::Sub(hn::ShiftRight<23>(b), hn::Set(di, F::EMAX));
@@ -276,8 +278,7 @@ HWY_INLINE void TiledBlocks(const T* x, std::int64_t b0, std::int64_t b1, std::u
                             const Tile& tile) {
   constexpr std::size_t kBlockBytes = G * kBits / 8;
   std::int64_t b = b0;
-  for (; b + static_cast<std::int64_t>(kN) <= b1; b += kN)
-    tile(x + b * G, packed + b * kBlockBytes, scales + b);
+  for (; b + static_cast<std::int64_t>(kN) <= b1; b += kN) tile(x + b * G, packed + b * kBlockBytes, scales + b);
   if (b == b1) return;
   const auto rem = static_cast<std::size_t>(b1 - b);
   alignas(64) T xin[kN * G] = {};
@@ -303,24 +304,20 @@ void FpBlocks(const T* x, const QuantSpec& spec, DType src, std::int64_t b0, std
     }
     case Mode::mxfp4:
       TiledBlocks<32, 4>(x, b0, b1, packed, scales,
-                         [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
-        MxTile<E2M1, kSat>(xt, rule, src, pt, st);
-      });
+                         [&](const T* xt, std::uint8_t* pt, std::uint8_t* st)
+                             HWY_ATTR MICROSCALE_ALWAYS_INLINE { MxTile<E2M1, kSat>(xt, rule, src, pt, st); });
       break;
     case Mode::mxfp8:
       if (spec.elem == Elem::e5m2)
         TiledBlocks<32, 8>(x, b0, b1, packed, scales,
-                           [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
-          MxTile<E5M2, kSat>(xt, rule, src, pt, st);
-        });
+                           [&](const T* xt, std::uint8_t* pt, std::uint8_t* st)
+                               HWY_ATTR MICROSCALE_ALWAYS_INLINE { MxTile<E5M2, kSat>(xt, rule, src, pt, st); });
       else
         TiledBlocks<32, 8>(x, b0, b1, packed, scales,
-                           [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
-          MxTile<E4M3, kSat>(xt, rule, src, pt, st);
-        });
+                           [&](const T* xt, std::uint8_t* pt, std::uint8_t* st)
+                               HWY_ATTR MICROSCALE_ALWAYS_INLINE { MxTile<E4M3, kSat>(xt, rule, src, pt, st); });
       break;
-    case Mode::affine:
-      break;
+    case Mode::affine: break;
   }
 }
 
@@ -337,8 +334,8 @@ inline void PackBits(const std::int32_t* codes, int n, int bits, std::uint8_t* o
 }
 
 template <class T>
-void AffineGroups(const T* x, const QuantSpec& spec, DType src, std::int64_t g0, std::int64_t g1,
-                  std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+void AffineGroups(const T* x, const QuantSpec& spec, DType src, std::int64_t g0, std::int64_t g1, std::uint8_t* packed,
+                  std::byte* scales, std::byte* biases) {
   const DF df;
   const DI di;
   const int gs = spec.group_size;
@@ -401,8 +398,7 @@ inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std:
       return Blocks(static_cast<const hwy::float16_t*>(x), src, spec, b0, b1, packed, scales, biases);
     case DType::bfloat16:
       return Blocks(static_cast<const hwy::bfloat16_t*>(x), src, spec, b0, b1, packed, scales, biases);
-    default:
-      return Blocks(static_cast<const float*>(x), src, spec, b0, b1, packed, scales, biases);
+    default: return Blocks(static_cast<const float*>(x), src, spec, b0, b1, packed, scales, biases);
   }
 }
 

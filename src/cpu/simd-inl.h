@@ -50,9 +50,9 @@ using DU = hn::RebindToUnsigned<DF>;
 using VF = hn::Vec<DF>;
 using VI = hn::Vec<DI>;
 constexpr std::size_t kN = hn::MaxLanes(DF());
-using D8 = hn::Repartition<std::uint8_t, DF>;   // the bytes of one f32 vector
+using D8 = hn::Repartition<std::uint8_t, DF>;  // the bytes of one f32 vector
 using D16 = hn::Repartition<std::uint16_t, DF>;
-using DQ8 = hn::Rebind<std::uint8_t, DF>;       // one byte per f32 lane
+using DQ8 = hn::Rebind<std::uint8_t, DF>;  // one byte per f32 lane
 using DQI8 = hn::Rebind<std::int8_t, DF>;
 
 constexpr std::int32_t kInfBits = 0x7F800000;
@@ -75,7 +75,8 @@ HWY_INLINE VF Load(const hwy::float16_t* p) {
   // exponent and mantissa into f32 position and multiplying by 2^112 rebiases normals and turns
   // f16 subnormals (f32 subnormals here) into exact normals; exponent 31 is patched to Inf/NaN.
   const DU du;
-  const auto h = hn::PromoteTo(du, hn::LoadU(hn::Rebind<std::uint16_t, DF>(), reinterpret_cast<const std::uint16_t*>(p)));
+  const auto h =
+      hn::PromoteTo(du, hn::LoadU(hn::Rebind<std::uint16_t, DF>(), reinterpret_cast<const std::uint16_t*>(p)));
   const auto mag = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7FFFu)));
   const auto finite = hn::BitCast(du, hn::Mul(hn::BitCast(DF(), mag), hn::Set(DF(), 0x1p112f)));
   const auto special = hn::Or(mag, hn::Set(du, 0x7F800000u));
@@ -99,12 +100,13 @@ HWY_INLINE VF DecodeE2M1(VI c) {
   if constexpr (kN == 16) {  // a 16-entry lane lookup
     return hn::TableLookupLanes(hn::Load(df, numerics::kE2M1Values), hn::IndicesFromVec(df, c));
   } else if constexpr (kN == 8) {  // the magnitude by lane lookup, the sign moved from bit 3 to bit 31
-    const VF mag = hn::TableLookupLanes(hn::Load(df, numerics::kE2M1Values), hn::IndicesFromVec(df, hn::And(c, hn::Set(di, 7))));
+    const VF mag =
+        hn::TableLookupLanes(hn::Load(df, numerics::kE2M1Values), hn::IndicesFromVec(df, hn::And(c, hn::Set(di, 7))));
     return hn::BitCast(df, hn::Or(hn::BitCast(di, mag), hn::ShiftLeft<28>(hn::And(c, hn::Set(di, 8)))));
   } else {  // twice the magnitude by a byte table (lane bytes 1..3 index entry 0, which is 0)
     alignas(16) static constexpr std::uint8_t kTwice[16] = {0, 1, 2, 3, 4, 6, 8, 12};
-    const VI twice = hn::BitCast(di, hn::TableLookupBytes(hn::LoadDup128(D8(), kTwice),
-                                                          hn::BitCast(D8(), hn::And(c, hn::Set(di, 7)))));
+    const VI twice = hn::BitCast(
+        di, hn::TableLookupBytes(hn::LoadDup128(D8(), kTwice), hn::BitCast(D8(), hn::And(c, hn::Set(di, 7)))));
     const VF mag = hn::Mul(hn::ConvertTo(df, twice), hn::Set(df, 0.5f));
     return hn::BitCast(df, hn::Or(hn::BitCast(di, mag), hn::ShiftLeft<28>(hn::And(c, hn::Set(di, 8)))));
   }
@@ -141,7 +143,8 @@ HWY_INLINE VF DecodeE5M2(VI c) {
 // by 2^(127-B) gives the values (exactly; subnormal codes are subnormal floats here).
 template <int M>
 HWY_INLINE VF MinifloatBitsSigned(VI s) {
-  constexpr std::int32_t kKeep = static_cast<std::int32_t>(0x80000000u | ((0x7Fu << (23 - M)) | ((1u << (23 - M)) - 1)));
+  constexpr std::int32_t kKeep =
+      static_cast<std::int32_t>(0x80000000u | ((0x7Fu << (23 - M)) | ((1u << (23 - M)) - 1)));
   return hn::BitCast(DF(), hn::And(hn::ShiftLeft<23 - M>(s), hn::Set(DI(), kKeep)));
 }
 

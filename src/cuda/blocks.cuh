@@ -219,8 +219,8 @@ MS_HD void decode8(const QuantizedArgs& q, std::int64_t batch, std::int64_t r, s
     }
     return;
   }
-  const float factor = q.mode == Mode::mxfp4 ? decode_e8m0(code)
-                                             : numerics::nvfp4_decode_factor(code, q.three_level && global, q.amax);
+  const float factor =
+      q.mode == Mode::mxfp4 ? decode_e8m0(code) : numerics::nvfp4_decode_factor(code, q.three_level && global, q.amax);
   const std::uint32_t w = load_u32(p);
   for (int i = 0; i < 8; ++i) v[i] = decode_e2m1((w >> (4 * i)) & 0xFu) * factor;
 }

@@ -291,8 +291,7 @@ void run_matmul(MatmulArgs a, const std::vector<BatchPair>& pairs, Stream stream
     a.splits = static_cast<int>(std::clamp<std::int64_t>((a.K + 127) / 128, 1, 64));  // ~128 k per thread
     Scratch partial(static_cast<std::size_t>(a.splits * a.batches * a.M * a.N) * sizeof(float), stream);
     a.partial = static_cast<float*>(partial.get());
-    const dim3 grid(grid_x((a.N / 8 + 127) / 128, a.N), static_cast<unsigned>(a.splits),
-                    grid_limit(a.batches));
+    const dim3 grid(grid_x((a.N / 8 + 127) / 128, a.N), static_cast<unsigned>(a.splits), grid_limit(a.batches));
     gemv_n_kernel<<<grid, 128, 0, stream>>>(a);
     launched("gemv");
     finish(a, stream);
@@ -376,9 +375,8 @@ void gather_qmm(const DeviceTensor& x, const DeviceQuantized& w, const DeviceTen
   auto read = [&](ops::Side side, std::int64_t limit, const char* what) {
     return read_indices(side == ops::Side::lhs ? *lhs_indices : *rhs_indices, limit, what, stream);
   };
-  const ops::MatmulPlan p =
-      ops::plan_gather_qmm(ops::arg_of(x), wa.packed, wa.scales, ops::opt_ptr(wa.biases), ops::opt_ptr(lhs_arg),
-                           ops::opt_ptr(rhs_arg), transpose, spec, read);
+  const ops::MatmulPlan p = ops::plan_gather_qmm(ops::arg_of(x), wa.packed, wa.scales, ops::opt_ptr(wa.biases),
+                                                 ops::opt_ptr(lhs_arg), ops::opt_ptr(rhs_arg), transpose, spec, read);
   run_plan(p, x, w, y, nullptr, op, stream);
 }
 

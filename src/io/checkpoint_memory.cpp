@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "io/staging.hpp"
 #include "io/layout.hpp"
+#include "io/staging.hpp"
 #include "io/weight_rules.hpp"
 
 namespace microscale::io {
@@ -16,7 +16,8 @@ using namespace ck;
 // A layer over `q`'s buffers, after checking that they are what `q.spec` and `q.shape` say.
 Layer checked_layer(const std::string& m, const Quantized& q, const std::optional<float>& input_amax) {
   const QuantSpec s = resolve(q.spec);
-  if (q.shape.size() != 2) throw Error("layer " + detail::quote(m) + ": only 2-D weights, got " + shape_str(q.shape, ShapeStyle::list));
+  if (q.shape.size() != 2)
+    throw Error("layer " + detail::quote(m) + ": only 2-D weights, got " + shape_str(q.shape, ShapeStyle::list));
   const std::int64_t n = q.shape[0], k = q.shape[1];
   // Bounds before any shape arithmetic: k * bits must not wrap.
   if (n < 0 || k < 0 || k > std::numeric_limits<std::int64_t>::max() / 64)
@@ -25,9 +26,12 @@ Layer checked_layer(const std::string& m, const Quantized& q, const std::optiona
   const Shape ps = {n, k * s.bits / 8}, ss = {n, k / s.group_size};
   const DType sd = s.mode == Mode::affine ? q.scales.dtype() : DType::uint8;
   if (q.packed.dtype() != DType::uint8 || q.packed.shape() != ps)
-    throw Error("layer " + detail::quote(m) + ": packed must be uint8 " + shape_str(ps, ShapeStyle::list) + ", got " + dtype_name(q.packed.dtype()) + " " + shape_str(q.packed.shape(), ShapeStyle::list));
+    throw Error("layer " + detail::quote(m) + ": packed must be uint8 " + shape_str(ps, ShapeStyle::list) + ", got " +
+                dtype_name(q.packed.dtype()) + " " + shape_str(q.packed.shape(), ShapeStyle::list));
   if (q.scales.shape() != ss || q.scales.dtype() != sd || (s.mode == Mode::affine && !is_float(sd)))
-    throw Error("layer " + detail::quote(m) + ": scales must be " + dtype_name(sd) + " " + shape_str(ss, ShapeStyle::list) + ", got " + dtype_name(q.scales.dtype()) + " " + shape_str(q.scales.shape(), ShapeStyle::list));
+    throw Error("layer " + detail::quote(m) + ": scales must be " + dtype_name(sd) + " " +
+                shape_str(ss, ShapeStyle::list) + ", got " + dtype_name(q.scales.dtype()) + " " +
+                shape_str(q.scales.shape(), ShapeStyle::list));
   if (s.mode == Mode::affine && (q.biases.shape() != ss || q.biases.dtype() != sd))
     throw Error("layer " + detail::quote(m) + ": biases must match the scales");
   if (s.layout != Layout::compact) throw Error("layer " + detail::quote(m) + ": checkpoints store compact scales");
@@ -76,11 +80,13 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
   // Activation scales are written for every layer or refused; never dropped.
   const auto with_act = static_cast<std::size_t>(
       std::count_if(layers.begin(), layers.end(), [](const Layer& l) { return l.act.has_value(); }));
-  if (with_act != 0 && (!lay.activation_scales || with_act != layers.size() ||
-                        std::any_of(layers.begin(), layers.end(), [](const Layer& l) { return l.mode != Mode::nvfp4; })))
+  if (with_act != 0 &&
+      (!lay.activation_scales || with_act != layers.size() ||
+       std::any_of(layers.begin(), layers.end(), [](const Layer& l) { return l.mode != Mode::nvfp4; })))
     throw Error("save_checkpoint: " + std::to_string(with_act) + " of " + std::to_string(layers.size()) +
                 " layers have an input_amax; static activation scales (W4A4) are written only for nvfp4 layers in "
-                "the " + layouts_with(&LayoutOps::activation_scales, true) + " layout, with one on every layer");
+                "the " +
+                layouts_with(&LayoutOps::activation_scales, true) + " layout, with one on every layer");
   const bool w4a4 = with_act != 0;
   std::vector<StTensorData> all;
   std::vector<std::vector<Out>> keep;
@@ -95,14 +101,16 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
     for (const Out& o : outs) all.push_back({o.entry.name, o.entry.dtype, o.entry.shape, o.bytes()});
   for (const RawTensor& t : data.tensors) {
     if (st_nbytes(t.dtype, t.shape) != t.data.size())
-      throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " + st_dtype_name(t.dtype) + " " + shape_str(t.shape, ShapeStyle::list));
+      throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " +
+                  st_dtype_name(t.dtype) + " " + shape_str(t.shape, ShapeStyle::list));
     all.push_back({t.name, t.dtype, t.shape, t.data});
     add_ignored_tensor(meta.ignore, t.name, t.shape, t.dtype);
   }
-  Json config = data.config_json.empty() ? Json::object()
-                                         : detail::parse_json(data.config_json, "config_json", "config", 256);
+  Json config =
+      data.config_json.empty() ? Json::object() : detail::parse_json(data.config_json, "config_json", "config", 256);
   Staging st({}, out, force);
-  save_safetensors(st.dir() / "model.safetensors", all, Metadata{{"format", lay.shard_format ? lay.shard_format : "pt"}});
+  save_safetensors(st.dir() / "model.safetensors", all,
+                   Metadata{{"format", lay.shard_format ? lay.shard_format : "pt"}});
   Json hf = apply_config(config, to, meta);
   if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
   write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");

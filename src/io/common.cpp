@@ -21,17 +21,28 @@ struct StInfo {
 
 // Same order as the enum, so the table doubles as its index.
 constexpr std::array<StInfo, kStDTypeCount> kTable{{
-    {StDType::boolean, "BOOL", 8},         {StDType::f4, "F4", 4},
-    {StDType::f6_e2m3, "F6_E2M3", 6},      {StDType::f6_e3m2, "F6_E3M2", 6},
-    {StDType::u8, "U8", 8},                {StDType::i8, "I8", 8},
-    {StDType::f8_e5m2, "F8_E5M2", 8},      {StDType::f8_e4m3, "F8_E4M3", 8},
-    {StDType::f8_e8m0, "F8_E8M0", 8},      {StDType::f8_e4m3fnuz, "F8_E4M3FNUZ", 8},
-    {StDType::f8_e5m2fnuz, "F8_E5M2FNUZ", 8}, {StDType::i16, "I16", 16},
-    {StDType::u16, "U16", 16},             {StDType::f16, "F16", 16},
-    {StDType::bf16, "BF16", 16},           {StDType::i32, "I32", 32},
-    {StDType::u32, "U32", 32},             {StDType::f32, "F32", 32},
-    {StDType::c64, "C64", 64},             {StDType::f64, "F64", 64},
-    {StDType::i64, "I64", 64},             {StDType::u64, "U64", 64},
+    {StDType::boolean, "BOOL", 8},
+    {StDType::f4, "F4", 4},
+    {StDType::f6_e2m3, "F6_E2M3", 6},
+    {StDType::f6_e3m2, "F6_E3M2", 6},
+    {StDType::u8, "U8", 8},
+    {StDType::i8, "I8", 8},
+    {StDType::f8_e5m2, "F8_E5M2", 8},
+    {StDType::f8_e4m3, "F8_E4M3", 8},
+    {StDType::f8_e8m0, "F8_E8M0", 8},
+    {StDType::f8_e4m3fnuz, "F8_E4M3FNUZ", 8},
+    {StDType::f8_e5m2fnuz, "F8_E5M2FNUZ", 8},
+    {StDType::i16, "I16", 16},
+    {StDType::u16, "U16", 16},
+    {StDType::f16, "F16", 16},
+    {StDType::bf16, "BF16", 16},
+    {StDType::i32, "I32", 32},
+    {StDType::u32, "U32", 32},
+    {StDType::f32, "F32", 32},
+    {StDType::c64, "C64", 64},
+    {StDType::f64, "F64", 64},
+    {StDType::i64, "I64", 64},
+    {StDType::u64, "U64", 64},
 }};
 
 const StInfo& info(StDType t) {
@@ -92,8 +103,8 @@ std::uint64_t st_nbytes(StDType t, const Shape& shape) {
   if (n > std::numeric_limits<std::uint64_t>::max() / bits)
     throw Error("shape " + shape_str(shape) + " of " + st_dtype_name(t) + " overflows the byte size");
   if ((n * bits) % 8 != 0)
-    throw Error(std::to_string(n) + " elements of " + st_dtype_name(t) +
-                " do not fill whole bytes (shape " + shape_str(shape) + ")");
+    throw Error(std::to_string(n) + " elements of " + st_dtype_name(t) + " do not fill whole bytes (shape " +
+                shape_str(shape) + ")");
   return n * bits / 8;
 }
 
@@ -106,11 +117,11 @@ void require_regular_file(const std::filesystem::path& path, const std::string& 
   if (::stat(path.c_str(), &st) != 0)
     fail(path.string(), std::string("cannot open: ") + std::strerror(errno) + "; expected " + expected);
   if (S_ISREG(st.st_mode)) return;
-  const char* what = S_ISDIR(st.st_mode)                           ? "a directory"
-                     : S_ISFIFO(st.st_mode)                        ? "a FIFO (named pipe)"
+  const char* what = S_ISDIR(st.st_mode)                          ? "a directory"
+                     : S_ISFIFO(st.st_mode)                       ? "a FIFO (named pipe)"
                      : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                     : S_ISSOCK(st.st_mode)                        ? "a socket"
-                                                                   : "not a regular file";
+                     : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                  : "not a regular file";
   fail(path.string(), std::string("is ") + what + ", not a regular file; expected " + expected);
 }
 
@@ -157,8 +168,8 @@ Json parse_json(std::string_view text, const std::string& source, const char* wh
   }
 }
 
-std::string build_header(const std::vector<StEntry>& entries, const Metadata& metadata,
-                         const std::string& source, std::vector<std::uint64_t>* sizes) {
+std::string build_header(const std::vector<StEntry>& entries, const Metadata& metadata, const std::string& source,
+                         std::vector<std::uint64_t>* sizes) {
   Json h = Json::object();
   if (!metadata.empty()) {
     Json m = Json::object();
@@ -177,10 +188,8 @@ std::string build_header(const std::vector<StEntry>& entries, const Metadata& me
     } catch (const Error& err) {
       fail(source, "tensor " + quote(e.name) + ": " + err.what());
     }
-    if (n > std::numeric_limits<std::uint64_t>::max() - offset)
-      fail(source, "total tensor bytes overflow 64 bits");
-    h[e.name] = Json{{"dtype", st_dtype_name(e.dtype)}, {"shape", e.shape},
-                     {"data_offsets", {offset, offset + n}}};
+    if (n > std::numeric_limits<std::uint64_t>::max() - offset) fail(source, "total tensor bytes overflow 64 bits");
+    h[e.name] = Json{{"dtype", st_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
     if (sizes) sizes->push_back(n);
   }
@@ -194,8 +203,8 @@ std::string build_header(const std::vector<StEntry>& entries, const Metadata& me
   }
   text.resize((text.size() + 7) / 8 * 8, ' ');
   if (text.size() > kMaxHeaderBytes)
-    fail(source, "header of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
-                     std::to_string(kMaxHeaderBytes));
+    fail(source,
+         "header of " + std::to_string(text.size()) + " bytes exceeds the limit of " + std::to_string(kMaxHeaderBytes));
   return text;
 }
 

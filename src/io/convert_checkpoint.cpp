@@ -25,8 +25,9 @@ DType source_dtype(const Input& in, const Detected& det, Report& report) {
   for (const Layer& l : det.layers)
     if (l.mode == Mode::affine)
       if (const auto d = to_dtype(l.float_dtype); d && is_float(*d)) return *d;
-  report.notes.push_back("the source dtype is not recorded (no torch_dtype in config.json): wrote bfloat16; choose "
-                         "another with --dtype");
+  report.notes.push_back(
+      "the source dtype is not recorded (no torch_dtype in config.json): wrote bfloat16; choose "
+      "another with --dtype");
   return DType::bfloat16;
 }
 

@@ -37,8 +37,8 @@ Json parse_json(std::string_view text, const std::string& source, const char* wh
 // The header JSON for these entries, laid out back to back in order, padded with spaces to a
 // multiple of 8 bytes. Validates names (unique, not "__metadata__") and sizes. Also returns
 // each entry's byte size through `sizes` when non-null.
-std::string build_header(const std::vector<StEntry>& entries, const Metadata& metadata,
-                         const std::string& source, std::vector<std::uint64_t>* sizes = nullptr);
+std::string build_header(const std::vector<StEntry>& entries, const Metadata& metadata, const std::string& source,
+                         std::vector<std::uint64_t>* sizes = nullptr);
 
 // A file written to `<path>.tmp.<pid>` and renamed onto `path` by commit(); the destructor (or
 // abort()) removes the temporary file when commit() did not happen.

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <map>
 
-#include "io/staging.hpp"
 #include "io/layout.hpp"
+#include "io/staging.hpp"
 #include "io/tensor_values.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
@@ -59,14 +59,16 @@ void describe_part(InspectRow& row, const StTensor& t, const Layer& l, Role role
       }
       return;
     case Role::scales: {
-      const StDType code = l.mode == Mode::affine ? l.float_dtype
-                           : l.mode == Mode::nvfp4 ? StDType::f8_e4m3 : StDType::f8_e8m0;
+      const StDType code = l.mode == Mode::affine  ? l.float_dtype
+                           : l.mode == Mode::nvfp4 ? StDType::f8_e4m3
+                                                   : StDType::f8_e8m0;
       row.format = mode + " scales" + (l.mode == Mode::affine ? "" : l.mode == Mode::nvfp4 ? " E4M3" : " E8M0");
       if (stats) row.stats = stats_of(t.data, code, static_cast<std::size_t>(t.numel()));
       if (stats && l.mode == Mode::nvfp4) {
         // Subnormal E4M3 scales (< 2^-6) keep fewer bits: typical of two-level (MLX) nvfp4.
         std::int64_t sub = 0;
-        for (std::byte b : t.data) sub += (static_cast<unsigned>(b) & 0x78u) == 0 && (static_cast<unsigned>(b) & 7u) != 0;
+        for (std::byte b : t.data)
+          sub += (static_cast<unsigned>(b) & 0x78u) == 0 && (static_cast<unsigned>(b) & 7u) != 0;
         row.detail = std::to_string(sub) + " subnormal";
       }
       return;
@@ -99,7 +101,8 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
         res.config = std::string(k) + " " + it->dump();
         break;
       }
-  if (std::error_code ec; fs::exists(in.dir / "hf_quant_config.json", ec)) res.config += (res.config.empty() ? "" : "; ") + std::string("hf_quant_config.json present");
+  if (std::error_code ec; fs::exists(in.dir / "hf_quant_config.json", ec))
+    res.config += (res.config.empty() ? "" : "; ") + std::string("hf_quant_config.json present");
 
   std::map<std::string, std::pair<const Layer*, Role>> part;  // tensor -> (layer, role)
   for (const Layer& l : det.layers)
@@ -123,7 +126,9 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
     } else {
       row.format = "plain";
       const Keep why = default_keep(n, t.shape, t.dtype);
-      row.detail = why == Keep::quantize ? "projection weight" : why == Keep::not_weight ? "" : keep_text(why, t.shape, t.dtype);
+      row.detail = why == Keep::quantize     ? "projection weight"
+                   : why == Keep::not_weight ? ""
+                                             : keep_text(why, t.shape, t.dtype);
       if (stats && has_values(t.dtype)) row.stats = stats_of(t.data, t.dtype, static_cast<std::size_t>(t.numel()));
     }
     release(t.data);

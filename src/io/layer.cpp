@@ -33,7 +33,8 @@ std::string Global::describe(std::string_view tensor) const {
     case Kind::none: return "two-level (no global scale)";
     case Kind::amax: return "amax " + fmt_float(value);
     case Kind::stored:
-      return std::string(tensor) + " " + fmt_float(value) + " = " + convention->formula + " -> amax " + fmt_float(to_amax());
+      return std::string(tensor) + " " + fmt_float(value) + " = " + convention->formula + " -> amax " +
+             fmt_float(to_amax());
   }
   return "";
 }
@@ -59,8 +60,10 @@ void check_dims(const Layer& l) {
     layer_error(m, "logical shape " + shape_str(l.shape, ShapeStyle::list) + " is not a 2-D shape");
   if (l.group < 1) layer_error(m, "group size " + std::to_string(l.group) + " (must be at least 1)");
   if (l.cols() % l.group != 0)
-    layer_error(m, "K = " + std::to_string(l.cols()) + " is not a multiple of the group size " + std::to_string(l.group));
-  (void)mul(m, mul(m, l.rows(), l.cols(), "elements of " + shape_str(l.shape, ShapeStyle::list)), 8, "bytes of " + shape_str(l.shape, ShapeStyle::list));
+    layer_error(m,
+                "K = " + std::to_string(l.cols()) + " is not a multiple of the group size " + std::to_string(l.group));
+  (void)mul(m, mul(m, l.rows(), l.cols(), "elements of " + shape_str(l.shape, ShapeStyle::list)), 8,
+            "bytes of " + shape_str(l.shape, ShapeStyle::list));
   (void)mul(m, l.cols(), 64, "bits in a row of K = " + std::to_string(l.cols()));
 }
 

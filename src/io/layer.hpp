@@ -63,8 +63,8 @@ struct Layer {
   std::string module;
   Mode mode = Mode::nvfp4;
   int group = 16, bits = 4;
-  Shape shape;     // logical [N, K]
-  Global global;   // nvfp4 only
+  Shape shape;                // logical [N, K]
+  Global global;              // nvfp4 only
   std::optional<Global> act;  // static activation scale (W4A4 checkpoints)
   std::span<const std::byte> packed, scales, biases;
   StDType float_dtype = StDType::bf16;  // dtype of affine scales and biases

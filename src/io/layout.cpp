@@ -114,7 +114,8 @@ void check_unsupported(const Detected& d) {
   }
   if (d.unsupported.empty()) return;
   std::string list;
-  for (std::size_t i = 0; i < d.unsupported.size() && i < 3; ++i) list += (i ? ", " : "") + detail::quote(d.unsupported[i]);
+  for (std::size_t i = 0; i < d.unsupported.size() && i < 3; ++i)
+    list += (i ? ", " : "") + detail::quote(d.unsupported[i]);
   std::string supported;
   for (const LayoutOps* l : layouts()) supported += (supported.empty() ? "" : ", ") + std::string(l->supported);
   throw Error("checkpoint holds quantized tensors microscale cannot read (e.g. " + list + "); supported: " + supported);
@@ -123,9 +124,11 @@ void check_unsupported(const Detected& d) {
 // ---- fused groups
 
 std::vector<std::vector<std::string>> fused_groups(const std::vector<std::string>& modules) {
-  static const std::vector<std::vector<std::string>> sets = {
-      {"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"}, {"query", "key", "value"},
-      {"w1", "w3"},                   {"wq", "wk", "wv"}};
+  static const std::vector<std::vector<std::string>> sets = {{"q_proj", "k_proj", "v_proj"},
+                                                             {"gate_proj", "up_proj"},
+                                                             {"query", "key", "value"},
+                                                             {"w1", "w3"},
+                                                             {"wq", "wk", "wv"}};
   std::map<std::string, std::vector<std::string>> groups;  // parent + set -> members
   for (const std::string& m : modules) {
     const std::size_t dot = m.rfind('.');
@@ -201,8 +204,9 @@ const StTensor& need(const Checkpoint& ck, const std::string& module, const std:
 
 void check_shape(const StTensor& t, StDType dt, const Shape& shape) {
   if (t.dtype != dt || t.shape != shape)
-    throw Error("tensor " + detail::quote(t.name) + " is " + st_dtype_name(t.dtype) + " " + shape_str(t.shape, ShapeStyle::list) +
-                ", expected " + st_dtype_name(dt) + " " + shape_str(shape, ShapeStyle::list));
+    throw Error("tensor " + detail::quote(t.name) + " is " + st_dtype_name(t.dtype) + " " +
+                shape_str(t.shape, ShapeStyle::list) + ", expected " + st_dtype_name(dt) + " " +
+                shape_str(shape, ShapeStyle::list));
 }
 
 Shape rows_cols(const StTensor& t) {
@@ -214,7 +218,8 @@ Shape rows_cols(const StTensor& t) {
 
 std::int64_t unpacked_cols(const std::string& m, const StTensor& packed, int item_bits, int bits) {
   const std::int64_t total = mul(m, packed.shape[1], item_bits,
-                                 "packed weight " + shape_str(packed.shape, ShapeStyle::list) + " " + st_dtype_name(packed.dtype) + ": bits per row");
+                                 "packed weight " + shape_str(packed.shape, ShapeStyle::list) + " " +
+                                     st_dtype_name(packed.dtype) + ": bits per row");
   if (total % bits != 0) layer_error(m, "packed width does not hold whole " + std::to_string(bits) + "-bit elements");
   return total / bits;
 }

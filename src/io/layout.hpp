@@ -18,8 +18,8 @@ namespace microscale::io::ck {
 
 // What the config files say about the layers written.
 struct QuantMeta {
-  std::vector<const Layer*> layers;   // may be skeletons (no data)
-  std::vector<std::string> ignore;    // weight-like tensors' modules left unquantized
+  std::vector<const Layer*> layers;  // may be skeletons (no data)
+  std::vector<std::string> ignore;   // weight-like tensors' modules left unquantized
   bool w4a4 = false;
 };
 
@@ -31,14 +31,14 @@ struct Scheme {
 
 struct LayoutOps {
   Convention convention;
-  const char* name;       // on the command line and in reports: "modelopt"
-  const char* alias;      // another accepted name, or null
-  const char* title;      // as messages name it: "ModelOpt"
-  const char* supported;  // what it reads, for messages: "ModelOpt NVFP4"
+  const char* name;                            // on the command line and in reports: "modelopt"
+  const char* alias;                           // another accepted name, or null
+  const char* title;                           // as messages name it: "ModelOpt"
+  const char* supported;                       // what it reads, for messages: "ModelOpt NVFP4"
   std::span<const std::string_view> suffixes;  // of every tensor name it gives a layer: ".weight_packed", ...
-  bool global_scale;       // stores the nvfp4 global scale (three-level); else nvfp4 is two-level
-  bool activation_scales;  // stores static activation scales (W4A4)
-  bool per_layer_schemes;  // its config describes layers of different schemes
+  bool global_scale;                           // stores the nvfp4 global scale (three-level); else nvfp4 is two-level
+  bool activation_scales;                      // stores static activation scales (W4A4)
+  bool per_layer_schemes;                      // its config describes layers of different schemes
   const char* shard_format;  // the safetensors metadata "format" its files carry, or null to keep the input's
 
   // Whether `tensor` is the first tensor of a layer in this layout (detection).
@@ -68,9 +68,9 @@ std::vector<Out> emit(const Layer& l, Convention c);
 struct Detected {
   std::optional<Convention> convention;
   std::vector<Layer> layers;
-  std::set<std::string> consumed;            // tensor names that belong to a layer
-  std::vector<std::string> unsupported;      // quantized tensors of layouts we cannot read
-  std::vector<std::string> strays;           // named like a part of a quantized layer its layout does not read
+  std::set<std::string> consumed;        // tensor names that belong to a layer
+  std::vector<std::string> unsupported;  // quantized tensors of layouts we cannot read
+  std::vector<std::string> strays;       // named like a part of a quantized layer its layout does not read
 
   std::string convention_name() const { return convention ? name(*convention) : "none"; }
 };

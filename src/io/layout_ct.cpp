@@ -15,9 +15,8 @@ namespace {
 float s_enc(float amax) { return numerics::nvfp4_tensor(true, amax).s_enc; }
 
 // The stored value is the encode factor; decoding divides by it.
-constinit const ScaleConvention kEncodeFactor{
-    "weight_global_scale", "2688/amax", [](float gs) { return k2688 / gs; }, s_enc,
-    [](float gs) { return std::isfinite(gs) && gs > 0; }};
+constinit const ScaleConvention kEncodeFactor{"weight_global_scale", "2688/amax", [](float gs) { return k2688 / gs; },
+                                              s_enc, [](float gs) { return std::isfinite(gs) && gs > 0; }};
 
 constexpr std::string_view kSuffixes[] = {".weight_packed", ".weight_scale", ".weight_global_scale",
                                           ".input_global_scale"};
@@ -54,7 +53,8 @@ Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
     l.mode = Mode::mxfp4;
     l.group = numerics::kMxGroup;
   } else {
-    layer_error(m, std::string("weight_scale dtype ") + st_dtype_name(s.dtype) + " is neither F8_E4M3 (nvfp4) nor U8 (mxfp4)");
+    layer_error(
+        m, std::string("weight_scale dtype ") + st_dtype_name(s.dtype) + " is neither F8_E4M3 (nvfp4) nor U8 (mxfp4)");
   }
   check_dims(l);
   check_shape(s, s.dtype, {l.rows(), l.cols() / l.group});
@@ -77,15 +77,19 @@ void emit_ct(const Layer& l, std::vector<Out>& out) {
     out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));
     out.push_back(entry(m + ".weight_scale", StDType::u8, {n, k / 32}, l.scales));
   } else {
-    layer_error(m, std::string("compressed-tensors has no layout for ") + name(l.mode) + " " +
-                       std::to_string(l.bits) + "-bit (it takes nvfp4 and mxfp4)");
+    layer_error(m, std::string("compressed-tensors has no layout for ") + name(l.mode) + " " + std::to_string(l.bits) +
+                       "-bit (it takes nvfp4 and mxfp4)");
   }
 }
 
 Json write_config(Json& config, const Scheme& common, const Json& ignore, const QuantMeta& meta) {
   const bool nv = common.mode == Mode::nvfp4;
-  Json w = {{"num_bits", 4}, {"type", "float"}, {"strategy", nv ? "tensor_group" : "group"},
-            {"group_size", common.group}, {"symmetric", true}, {"dynamic", false},
+  Json w = {{"num_bits", 4},
+            {"type", "float"},
+            {"strategy", nv ? "tensor_group" : "group"},
+            {"group_size", common.group},
+            {"symmetric", true},
+            {"dynamic", false},
             {"scale_dtype", nv ? "float8_e4m3fn" : "uint8"}};
   Json g = {{"targets", Json::array({"Linear"})}, {"weights", w}};
   if (meta.w4a4) {

@@ -31,7 +31,8 @@ MlxParams mlx_params(const Json& config, const std::string& m) {
     if (q == config.end() || !q->is_object() || !q->contains("bits")) return p;
   }
   auto integer = [&m](const Json& v, const char* key) -> std::optional<std::int64_t> {
-    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    if (v.is_number_unsigned() &&
+        v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       layer_error(m, std::string("config.json gives ") + key + " " + v.dump() + ", out of range");
     if (v.is_number_integer()) return v.get<std::int64_t>();
     return std::nullopt;
@@ -64,9 +65,12 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
   l.module = m;
   const StTensor& w = need(ck, m, m + ".weight", "packed weights");
   const StTensor& s = need(ck, m, m + ".scales", "scales");
-  if (w.dtype != StDType::u32) layer_error(m, std::string("MLX packed weight is ") + st_dtype_name(w.dtype) + ", expected U32");
+  if (w.dtype != StDType::u32)
+    layer_error(m, std::string("MLX packed weight is ") + st_dtype_name(w.dtype) + ", expected U32");
   const Shape ws = rows_cols(w), ss = rows_cols(s);
-  if (ss[0] != ws[0] || ss[1] == 0) layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " do not fit weight " + shape_str(ws, ShapeStyle::list));
+  if (ss[0] != ws[0] || ss[1] == 0)
+    layer_error(m,
+                "scales " + shape_str(ss, ShapeStyle::list) + " do not fit weight " + shape_str(ws, ShapeStyle::list));
   // Bits per packed row, before anything divides by or multiplies the width.
   (void)mul(m, ws[1], 32, "packed weight " + shape_str(ws, ShapeStyle::list) + " U32: bits per row");
   const MlxParams cfg = mlx_params(config, m);
@@ -78,13 +82,15 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     } else if (const std::optional<Mode> mode = mode_from_ratio(ws[1], ss[1])) {
       l.mode = *mode;
     } else {
-      layer_error(m, "cannot tell the fp mode of uint8 scales " + shape_str(ss, ShapeStyle::list) + " for weight " + shape_str(ws, ShapeStyle::list));
+      layer_error(m, "cannot tell the fp mode of uint8 scales " + shape_str(ss, ShapeStyle::list) + " for weight " +
+                         shape_str(ws, ShapeStyle::list));
     }
     l.bits = numerics::default_bits(l.mode);
     l.group = numerics::default_group_size(l.mode);
     l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
   } else if (s.dtype == StDType::f32 || s.dtype == StDType::f16 || s.dtype == StDType::bf16) {
-    if (cfg.mode && *cfg.mode != "affine") layer_error(m, "config says mode " + *cfg.mode + " but scales are " + st_dtype_name(s.dtype));
+    if (cfg.mode && *cfg.mode != "affine")
+      layer_error(m, "config says mode " + *cfg.mode + " but scales are " + st_dtype_name(s.dtype));
     if (!cfg.bits) layer_error(m, "MLX affine layer, but config.json has no \"quantization\" block giving its bits");
     // Range-checked here because K divides by it; resolve() (via spec()) then takes only 2-6 and 8.
     if (*cfg.bits < 1 || *cfg.bits > 8)
@@ -94,11 +100,12 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     l.float_dtype = s.dtype;
     l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
     const std::int64_t k = l.cols();
-    if (k % ss[1] != 0) layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " do not divide K = " + std::to_string(k));
+    if (k % ss[1] != 0)
+      layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " do not divide K = " + std::to_string(k));
     const std::int64_t group = k / ss[1];
     if (group < 1 || group > 1024)
-      layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " over K = " + std::to_string(k) + " give group size " +
-                         std::to_string(group) + " (MLX affine uses 32, 64 or 128)");
+      layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " over K = " + std::to_string(k) +
+                         " give group size " + std::to_string(group) + " (MLX affine uses 32, 64 or 128)");
     l.group = static_cast<int>(group);
     const StTensor& b = need(ck, m, m + ".biases", "affine biases");
     check_shape(b, s.dtype, ss);
@@ -118,7 +125,8 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
 }
 
 void check_spec(const QuantSpec& spec) {
-  if (spec.mode == Mode::mxfp8 && spec.elem != Elem::e4m3) throw Error("MLX mxfp8 is E4M3; E5M2 elements have no MLX layout");
+  if (spec.mode == Mode::mxfp8 && spec.elem != Elem::e4m3)
+    throw Error("MLX mxfp8 is E4M3; E5M2 elements have no MLX layout");
 }
 
 void emit_mlx(const Layer& l, std::vector<Out>& out) {

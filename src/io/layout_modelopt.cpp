@@ -64,13 +64,12 @@ Json write_config(Json& config, const Scheme&, const Json& ignore, const QuantMe
   // quant_algo NVFP4 is W4A4 and needs input_scale for every layer; W4A16_NVFP4 is weight-only.
   const std::string algo = meta.w4a4 ? "NVFP4" : "W4A16_NVFP4";
   Json producer = {{"name", "modelopt"}, {"version", "microscale-" MICROSCALE_CKPT_VERSION}};
-  config["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", algo},
-                                   {"group_size", 16},         {"kv_cache_quant_algo", nullptr},
-                                   {"exclude_modules", ignore}, {"ignore", ignore},
-                                   {"producer", producer}};
+  config["quantization_config"] = {
+      {"quant_method", "modelopt"}, {"quant_algo", algo}, {"group_size", 16},    {"kv_cache_quant_algo", nullptr},
+      {"exclude_modules", ignore},  {"ignore", ignore},   {"producer", producer}};
   return {{"producer", producer},
-          {"quantization", {{"quant_algo", algo}, {"kv_cache_quant_algo", nullptr}, {"group_size", 16},
-                            {"exclude_modules", ignore}}}};
+          {"quantization",
+           {{"quant_algo", algo}, {"kv_cache_quant_algo", nullptr}, {"group_size", 16}, {"exclude_modules", ignore}}}};
 }
 
 }  // namespace

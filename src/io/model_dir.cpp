@@ -46,15 +46,20 @@ Input open_input(const fs::path& path) {
                   expected + ")");
     detail::require_regular_file(path, expected);
   }
-  Input in{dir ? path : (path.has_parent_path() ? path.parent_path() : fs::path(".")), Checkpoint::open(path), nullptr,
-           false, {}, {}};
+  Input in{dir ? path : (path.has_parent_path() ? path.parent_path() : fs::path(".")),
+           Checkpoint::open(path),
+           nullptr,
+           false,
+           {},
+           {}};
   in.indexed = dir ? fs::exists(path / "model.safetensors.index.json", ec) : path.extension() == ".json";
   in.index_name = dir ? fs::path("model.safetensors.index.json") : path.filename();
   // The index and its shards must agree: a tensor the weight_map leaves out would be dropped from
   // every output, one it names but its shard lacks would fail half-way through writing.
   if (in.indexed) in.ck.validate();
   const fs::path base = fs::absolute(in.dir).lexically_normal();
-  for (const fs::path& s : in.ck.shards()) in.shard_rel.push_back(fs::absolute(s).lexically_normal().lexically_relative(base));
+  for (const fs::path& s : in.ck.shards())
+    in.shard_rel.push_back(fs::absolute(s).lexically_normal().lexically_relative(base));
   const fs::path cfg = in.dir / "config.json";
   if (fs::exists(cfg, ec)) {
     detail::require_regular_file(cfg, "the model's config.json");

@@ -13,11 +13,11 @@ namespace fs = std::filesystem;
 using detail::Json;
 
 struct Input {
-  fs::path dir;            // directory holding config.json and the shards
+  fs::path dir;  // directory holding config.json and the shards
   Checkpoint ck;
-  Json config;             // null when there is no config.json
-  bool indexed = false;    // a model.safetensors.index.json was given or found
-  fs::path index_name;     // its file name
+  Json config;                      // null when there is no config.json
+  bool indexed = false;             // a model.safetensors.index.json was given or found
+  fs::path index_name;              // its file name
   std::vector<fs::path> shard_rel;  // each shard relative to dir
 };
 Input open_input(const fs::path& path);

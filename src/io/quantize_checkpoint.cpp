@@ -61,7 +61,8 @@ std::string kept_reason(Keep k, const std::string& name, const Shape& shape, StD
   if (k == Keep::rank)
     return keep_text(k, shape, dtype) + (stacked_experts(name, shape) ? " stacked experts" : "") +
            ": the exported layouts quantize 2-D Linear weights only";
-  if (k == Keep::dtype) return keep_text(k, shape, dtype) + ": only float32, float16 and bfloat16 weights are quantized";
+  if (k == Keep::dtype)
+    return keep_text(k, shape, dtype) + ": only float32, float16 and bfloat16 weights are quantized";
   return keep_text(k, shape, dtype, group);
 }
 
@@ -69,7 +70,8 @@ std::string kept_reason(Keep k, const std::string& name, const Shape& shape, StD
 std::string list_reasons(const std::vector<std::pair<std::string, std::string>>& items, std::size_t limit = 40) {
   std::string out;
   for (std::size_t i = 0; i < items.size() && i < limit; ++i)
-    out += (i ? ", " : "") + detail::quote(items[i].first) + (items[i].second.empty() ? "" : " (" + items[i].second + ")");
+    out +=
+        (i ? ", " : "") + detail::quote(items[i].first) + (items[i].second.empty() ? "" : " (" + items[i].second + ")");
   if (items.size() > limit) out += ", and " + std::to_string(items.size() - limit) + " more";
   return out;
 }
@@ -126,9 +128,9 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   };
   std::vector<Sel> chosen;
   std::vector<std::string> ignore;
-  std::map<std::string, std::string> kept;  // weight-like tensor -> why it stays in high precision
+  std::map<std::string, std::string> kept;                     // weight-like tensor -> why it stays in high precision
   std::vector<std::pair<std::string, std::string>> kept_list;  // the same, in checkpoint order
-  std::map<std::string, std::string> weight_modules;  // module -> why kept ("" when quantized)
+  std::map<std::string, std::string> weight_modules;           // module -> why kept ("" when quantized)
   std::vector<std::string> conv1d;
   std::set<std::string> all_modules;
   for (const std::string& n : in.ck.names()) {
@@ -177,21 +179,24 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
         hit.emplace_back(m, why);
       }
     if (hit.empty()) throw Error("--include " + detail::quote(p) + " matches no weight (" + example() + ")");
-    if (!used) throw Error("--include " + detail::quote(p) + " selects nothing that can be quantized: " + list_reasons(hit));
+    if (!used)
+      throw Error("--include " + detail::quote(p) + " selects nothing that can be quantized: " + list_reasons(hit));
   }
   for (const auto& [m, amax] : opt.activation_amax) {
     const auto w = weight_modules.find(m);
     if (w == weight_modules.end())
-      throw Error("--activation-amax names " + detail::quote(m) + ", which is no module of this checkpoint (" + example() + ")");
+      throw Error("--activation-amax names " + detail::quote(m) + ", which is no module of this checkpoint (" +
+                  example() + ")");
     if (!w->second.empty())
       throw Error("--activation-amax names " + detail::quote(m) + ", which is not quantized (" + w->second + ")");
   }
   if (!conv1d.empty()) {
     std::vector<std::pair<std::string, std::string>> names;
     for (const std::string& n : conv1d) names.emplace_back(n, "");
-    throw Error("GPT-2 style Conv1D weights are stored [in, out], transposed from Linear's [out, in], and microscale "
-                "does not quantize them yet (groups would run along the wrong axis): " + list_reasons(names, 6) +
-                ". Keep them in high precision with --exclude c_attn --exclude c_fc --exclude c_proj");
+    throw Error(
+        "GPT-2 style Conv1D weights are stored [in, out], transposed from Linear's [out, in], and microscale "
+        "does not quantize them yet (groups would run along the wrong axis): " +
+        list_reasons(names, 6) + ". Keep them in high precision with --exclude c_attn --exclude c_fc --exclude c_proj");
   }
   if (chosen.empty())
     throw Error("no weights to quantize in " + in_path.string() +
@@ -206,9 +211,11 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     for (Sel& s : chosen) {
       auto it = opt.activation_amax.find(s.module);
       if (it == opt.activation_amax.end())
-        throw Error("W4A4 needs a static activation amax for every quantized layer (microscale does not calibrate); "
-                    "missing for " + detail::quote(s.module) +
-                    ". Supply them all with --activation-amax, or drop --w4a4 for a weight-only (NVFP4A16) export");
+        throw Error(
+            "W4A4 needs a static activation amax for every quantized layer (microscale does not calibrate); "
+            "missing for " +
+            detail::quote(s.module) +
+            ". Supply them all with --activation-amax, or drop --w4a4 for a weight-only (NVFP4A16) export");
       if (!std::isfinite(it->second) || it->second < 0)
         throw Error("activation amax of " + detail::quote(s.module) + " is not a finite non-negative number");
       s.skel.act = Global::of_amax(it->second);
@@ -265,8 +272,9 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       const StTensor& src = in.ck.tensor(sp->name);
       const std::int64_t nonfinite = count_nonfinite(src.data, src.dtype);
       if (nonfinite && base.nonfinite == NonFinite::error)
-        throw Error("tensor " + detail::quote(sp->name) + " has " + std::to_string(nonfinite) + " non-finite values (NaN/Inf) of " +
-                    std::to_string(src.numel()) + "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
+        throw Error("tensor " + detail::quote(sp->name) + " has " + std::to_string(nonfinite) +
+                    " non-finite values (NaN/Inf) of " + std::to_string(src.numel()) +
+                    "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
                     "in the blocks they hit) or saturate");
       Tensor storage;
       const TensorView x = view_of(src.data, src.dtype, src.shape, storage);

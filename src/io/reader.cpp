@@ -106,16 +106,15 @@ void SafetensorsFile::parse() {
   const std::uint64_t size = map_->size;
   file_bytes_ = size;
   if (size < 8)
-    fail(source_, "file is " + std::to_string(size) +
-                      " bytes, too short for the 8-byte header length field");
+    fail(source_, "file is " + std::to_string(size) + " bytes, too short for the 8-byte header length field");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | std::to_integer<std::uint64_t>(base[i]);
   if (n > kMaxHeaderBytes)
-    fail(source_, "header length " + std::to_string(n) + " exceeds the limit of " +
-                      std::to_string(kMaxHeaderBytes) + " bytes");
+    fail(source_,
+         "header length " + std::to_string(n) + " exceeds the limit of " + std::to_string(kMaxHeaderBytes) + " bytes");
   if (n > size - 8)
-    fail(source_, "header length " + std::to_string(n) + " runs past the end of the file (" +
-                      std::to_string(size) + " bytes)");
+    fail(source_,
+         "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(size) + " bytes)");
   header_bytes_ = n;
   const std::string_view text(reinterpret_cast<const char*>(base + 8), static_cast<std::size_t>(n));
   // Legitimate headers nest 3 deep (root / tensor / shape); ignored extra keys get some slack.
@@ -137,8 +136,7 @@ void SafetensorsFile::parse() {
       if (!val.is_object()) fail(source_, "__metadata__ is not an object");
       for (auto& [mk, mv] : val.items()) {
         if (!mv.is_string())
-          fail(source_, "__metadata__ value of " + quote(mk) + " is not a string (" +
-                            mv.type_name() + ")");
+          fail(source_, "__metadata__ value of " + quote(mk) + " is not a string (" + mv.type_name() + ")");
         metadata_.emplace(mk, mv.get<std::string>());
       }
       continue;
@@ -159,8 +157,7 @@ void SafetensorsFile::parse() {
     t.shape.reserve(sh->size());
     for (const Json& d : *sh) {
       std::int64_t v;
-      if (!as_index(d, v))
-        fail(source_, where + ": shape dimension " + d.dump() + " is not an integer in [0, 2^63)");
+      if (!as_index(d, v)) fail(source_, where + ": shape dimension " + d.dump() + " is not an integer in [0, 2^63)");
       t.shape.push_back(v);
     }
     std::uint64_t nbytes;
@@ -169,20 +166,18 @@ void SafetensorsFile::parse() {
     } catch (const Error& e) {
       fail(source_, where + ": " + e.what());
     }
-    if (!off->is_array() || off->size() != 2)
-      fail(source_, where + ": data_offsets is not a [begin, end] pair");
+    if (!off->is_array() || off->size() != 2) fail(source_, where + ": data_offsets is not a [begin, end] pair");
     std::int64_t b, e;
     if (!as_index((*off)[0], b) || !as_index((*off)[1], e))
       fail(source_, where + ": data_offsets " + off->dump() + " are not integers in [0, 2^63)");
     const auto ub = static_cast<std::uint64_t>(b), ue = static_cast<std::uint64_t>(e);
     if (ub > ue) fail(source_, where + ": data_offsets " + off->dump() + " end before they begin");
     if (ue > data_size)
-      fail(source_, where + ": data_offsets " + off->dump() + " run past the data area (" +
-                        std::to_string(data_size) + " bytes)");
+      fail(source_, where + ": data_offsets " + off->dump() + " run past the data area (" + std::to_string(data_size) +
+                        " bytes)");
     if (ue - ub != nbytes)
-      fail(source_, where + ": " + std::to_string(ue - ub) + " bytes in data_offsets but shape " +
-                        shape_str(t.shape) + " of " + st_dtype_name(t.dtype) + " needs " +
-                        std::to_string(nbytes));
+      fail(source_, where + ": " + std::to_string(ue - ub) + " bytes in data_offsets but shape " + shape_str(t.shape) +
+                        " of " + st_dtype_name(t.dtype) + " needs " + std::to_string(nbytes));
     t.begin = ub;
     t.data = {data + ub, static_cast<std::size_t>(nbytes)};
     ranges.push_back({ub, ue, tensors.size()});
@@ -197,17 +192,14 @@ void SafetensorsFile::parse() {
   for (std::size_t i = 0; i < ranges.size(); ++i) {
     const Range& r = ranges[i];
     if (r.begin < expect)
-      fail(source_, "tensor " + quote(tensors[r.idx].name) + " at bytes [" +
-                        std::to_string(r.begin) + ", " + std::to_string(r.end) +
-                        ") overlaps tensor " + quote(tensors[ranges[i - 1].idx].name));
+      fail(source_, "tensor " + quote(tensors[r.idx].name) + " at bytes [" + std::to_string(r.begin) + ", " +
+                        std::to_string(r.end) + ") overlaps tensor " + quote(tensors[ranges[i - 1].idx].name));
     if (r.begin > expect)
-      fail(source_, "data bytes [" + std::to_string(expect) + ", " + std::to_string(r.begin) +
-                        ") before tensor " + quote(tensors[r.idx].name) +
-                        " belong to no tensor (hole)");
+      fail(source_, "data bytes [" + std::to_string(expect) + ", " + std::to_string(r.begin) + ") before tensor " +
+                        quote(tensors[r.idx].name) + " belong to no tensor (hole)");
     expect = r.end;
   }
-  if (expect != data_size)
-    fail(source_, std::to_string(data_size - expect) + " trailing bytes after the last tensor");
+  if (expect != data_size) fail(source_, std::to_string(data_size - expect) + " trailing bytes after the last tensor");
 
   tensors_.reserve(tensors.size());
   for (const Range& r : ranges) {

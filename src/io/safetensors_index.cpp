@@ -24,8 +24,7 @@ constexpr std::uintmax_t kMaxIndexBytes = 256u << 20;
 // Shard paths come from the index: only relative paths that stay below its directory, so a
 // hostile index cannot point the reader at arbitrary files.
 bool is_contained(const fs::path& rel) {
-  if (rel.empty() || rel.is_absolute() || rel.has_root_name() || rel.has_root_directory())
-    return false;
+  if (rel.empty() || rel.is_absolute() || rel.has_root_name() || rel.has_root_directory()) return false;
   int depth = 0;
   for (const fs::path& part : rel.lexically_normal()) {
     if (part == "..") {
@@ -43,8 +42,8 @@ std::string read_small_file(const fs::path& path) {
   auto size = fs::file_size(path, ec);
   if (ec) fail(path.string(), "cannot read: " + ec.message());
   if (size > kMaxIndexBytes)
-    fail(path.string(), "index file of " + std::to_string(size) + " bytes exceeds the limit of " +
-                            std::to_string(kMaxIndexBytes));
+    fail(path.string(),
+         "index file of " + std::to_string(size) + " bytes exceeds the limit of " + std::to_string(kMaxIndexBytes));
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
   if (!in || !(ss << in.rdbuf())) fail(path.string(), "cannot read");
@@ -126,8 +125,9 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   if (!j.is_object()) fail(s.source, "index is not a JSON object");
   auto wm = j.find("weight_map");
   if (wm == j.end() || !wm->is_object())
-    fail(s.source, "not a checkpoint index: no \"weight_map\" object; expected a model directory (with "
-                   "model.safetensors or model.safetensors.index.json), a .safetensors file or an index");
+    fail(s.source,
+         "not a checkpoint index: no \"weight_map\" object; expected a model directory (with "
+         "model.safetensors or model.safetensors.index.json), a .safetensors file or an index");
   if (auto md = j.find("metadata"); md != j.end() && !md->is_null()) {
     if (!md->is_object()) fail(s.source, "index \"metadata\" is not an object");
     for (auto& [k, v] : md->items()) {
@@ -145,14 +145,13 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   std::map<std::string, std::size_t> file_no;
   s.names.reserve(wm->size());
   for (auto& [name, file] : wm->items()) {
-    if (!file.is_string())
-      fail(s.source, "weight_map entry for " + quote(name) + " is not a file name");
+    if (!file.is_string()) fail(s.source, "weight_map entry for " + quote(name) + " is not a file name");
     const std::string& f = file.get_ref<const std::string&>();
     auto [it, fresh] = file_no.emplace(f, s.shards.size());
     if (fresh) {
       if (!is_contained(fs::path(f)))
-        fail(s.source, "shard " + quote(f) + " for tensor " + quote(name) +
-                           " is not a relative path inside the index directory");
+        fail(s.source,
+             "shard " + quote(f) + " for tensor " + quote(name) + " is not a relative path inside the index directory");
       fs::path shard = dir / f;
       if (!fs::is_regular_file(shard, ec))
         fail(s.source, "tensor " + quote(name) + " maps to missing shard file " + quote(shard.string()));
@@ -162,8 +161,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   }
   // names no longer reallocates, so views into it are stable.
   std::size_t i = 0;
-  for (auto& [name, file] : wm->items())
-    s.shard_index.emplace(s.names[i++], file_no.at(file.get<std::string>()));
+  for (auto& [name, file] : wm->items()) s.shard_index.emplace(s.names[i++], file_no.at(file.get<std::string>()));
   s.open.resize(s.shards.size());
   return c;
 }
@@ -171,9 +169,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
 const std::vector<std::string>& Checkpoint::names() const { return impl_->names; }
 bool Checkpoint::contains(std::string_view name) const { return impl_->shard_index.count(name) != 0; }
 const std::vector<fs::path>& Checkpoint::shards() const { return impl_->shards; }
-const fs::path& Checkpoint::shard_of(std::string_view name) const {
-  return impl_->shards[impl_->shard_no(name)];
-}
+const fs::path& Checkpoint::shard_of(std::string_view name) const { return impl_->shards[impl_->shard_no(name)]; }
 const SafetensorsFile& Checkpoint::shard(std::size_t i) const { return impl_->file(i); }
 std::optional<std::uint64_t> Checkpoint::total_size() const { return impl_->total_size; }
 const Metadata& Checkpoint::metadata() const { return impl_->metadata; }
@@ -181,8 +177,8 @@ const Metadata& Checkpoint::metadata() const { return impl_->metadata; }
 const StTensor& Checkpoint::tensor(std::string_view name) const {
   const SafetensorsFile& f = impl_->file(impl_->shard_no(name));
   if (const StTensor* t = f.find(name)) return *t;
-  fail(impl_->source, "shard " + quote(f.source()) + " does not contain tensor " + quote(name) +
-                          " that the index maps to it");
+  fail(impl_->source,
+       "shard " + quote(f.source()) + " does not contain tensor " + quote(name) + " that the index maps to it");
 }
 
 void Checkpoint::validate() const {
@@ -202,8 +198,9 @@ void Checkpoint::validate() const {
     std::string list;
     for (std::size_t k = 0; k < extra.size() && k < 5; ++k) list += (k ? ", " : "") + extra[k];
     if (extra.size() > 5) list += ", ... (" + std::to_string(extra.size()) + " in all)";
-    fail(s.source, "shard " + quote(f.source()) + " holds " + (extra.size() == 1 ? "tensor " : "tensors ") + list +
-                       " that the index does not map to it (its weight_map would drop them); fix the index or the shard");
+    fail(s.source,
+         "shard " + quote(f.source()) + " holds " + (extra.size() == 1 ? "tensor " : "tensors ") + list +
+             " that the index does not map to it (its weight_map would drop them); fix the index or the shard");
   }
 }
 
@@ -214,8 +211,7 @@ std::string shard_file_name(std::size_t i, std::size_t n) {
   return buf;
 }
 
-void write_index(const fs::path& index_path, const std::vector<fs::path>& shards,
-                 const Metadata& extra) {
+void write_index(const fs::path& index_path, const std::vector<fs::path>& shards, const Metadata& extra) {
   const std::string src = index_path.string();
   // Relative paths mean relative to the working directory, as everywhere else.
   const fs::path dir = fs::absolute(index_path).lexically_normal().parent_path();
@@ -223,14 +219,13 @@ void write_index(const fs::path& index_path, const std::vector<fs::path>& shards
   std::uint64_t total = 0;
   for (const fs::path& shard : shards) {
     fs::path rel = fs::absolute(shard).lexically_normal().lexically_relative(dir);
-    if (!is_contained(rel))
-      fail(src, "shard " + quote(shard.string()) + " is not inside the index directory");
+    if (!is_contained(rel)) fail(src, "shard " + quote(shard.string()) + " is not inside the index directory");
     SafetensorsFile f = SafetensorsFile::open(dir / rel);
     for (const StTensor& t : f.tensors()) {
       auto [it, fresh] = weight_map.emplace(t.name, rel.generic_string());
       if (!fresh)
-        fail(src, "tensor " + quote(t.name) + " is in both " + quote(it->second) + " and " +
-                      quote(rel.generic_string()));
+        fail(src,
+             "tensor " + quote(t.name) + " is in both " + quote(it->second) + " and " + quote(rel.generic_string()));
       total += t.data.size();
     }
   }

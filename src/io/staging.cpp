@@ -23,7 +23,8 @@ constexpr const char* kIncomplete = ".microscale-incomplete";
 // output being replaced.
 bool staging_name(const std::string& f) {
   const std::size_t t = f.find(".tmp.");
-  return !f.empty() && f[0] == '.' && t != std::string::npos && t + 5 < f.size() && std::isdigit(static_cast<unsigned char>(f[t + 5]));
+  return !f.empty() && f[0] == '.' && t != std::string::npos && t + 5 < f.size() &&
+         std::isdigit(static_cast<unsigned char>(f[t + 5]));
 }
 
 bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
@@ -70,11 +71,12 @@ Staging::Staging(const fs::path& in_dir, const fs::path& out, bool force) {
   std::error_code ec;
   out_ = fs::absolute(out).lexically_normal();
   if (out_.filename().empty()) out_ = out_.parent_path();  // "out/" names "out"
-  if (fs::is_symlink(out_, ec)) {  // replace the target, keep the link
+  if (fs::is_symlink(out_, ec)) {                          // replace the target, keep the link
     out_ = fs::canonical(out_, ec);
     if (ec) throw Error("output " + out.string() + " is a symbolic link to nothing: " + ec.message());
   }
-  if (out_.filename().empty()) throw Error("output directory " + out.string() + " is a file system root; choose another");
+  if (out_.filename().empty())
+    throw Error("output directory " + out.string() + " is a file system root; choose another");
   if (fs::exists(out_, ec)) {
     if (!fs::is_directory(out_, ec)) throw Error("output " + out.string() + " exists and is not a directory");
     if (!in_dir.empty() && fs::equivalent(in_dir, out_, ec))
@@ -83,7 +85,8 @@ Staging::Staging(const fs::path& in_dir, const fs::path& out, bool force) {
       if (!force) throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
       // The whole directory is replaced: only ever a model directory, never a home or a project.
       if (!holds_checkpoint(out_))
-        throw Error("output directory " + out.string() + " is not empty and holds no checkpoint (no config.json or "
+        throw Error("output directory " + out.string() +
+                    " is not empty and holds no checkpoint (no config.json or "
                     ".safetensors file); --force replaces only a previous output: choose a new directory");
     }
     replace_ = true;
@@ -164,11 +167,14 @@ void Staging::remove_dead_runs() const {
 
 Input open_complete(const fs::path& path) {
   std::error_code ec;
-  fs::path dir = fs::absolute(fs::is_directory(path, ec) ? path : path.parent_path().empty() ? fs::path(".") : path.parent_path());
+  fs::path dir = fs::absolute(fs::is_directory(path, ec)   ? path
+                              : path.parent_path().empty() ? fs::path(".")
+                                                           : path.parent_path());
   dir = dir.lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();
   if (staging_name(dir.filename().string()) || fs::exists(dir / kIncomplete, ec))
-    throw Error(dir.string() + " is an unfinished microscale output (the run writing it was stopped); delete it "
+    throw Error(dir.string() +
+                " is an unfinished microscale output (the run writing it was stopped); delete it "
                 "and run the command again");
   return open_input(path);
 }

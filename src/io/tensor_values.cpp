@@ -9,21 +9,43 @@ namespace microscale::io::ck {
 
 bool has_values(StDType t) {
   switch (t) {
-    case StDType::f32: case StDType::f16: case StDType::bf16: case StDType::f64:
-    case StDType::f8_e4m3: case StDType::f8_e5m2: case StDType::f8_e8m0: return true;
+    case StDType::f32:
+    case StDType::f16:
+    case StDType::bf16:
+    case StDType::f64:
+    case StDType::f8_e4m3:
+    case StDType::f8_e5m2:
+    case StDType::f8_e8m0: return true;
     default: return false;
   }
 }
 
 double element_value(const std::byte* p, StDType t, std::size_t i) {
   switch (t) {
-    case StDType::f32: { float v; std::memcpy(&v, p + 4 * i, 4); return v; }
-    case StDType::f64: { double v; std::memcpy(&v, p + 8 * i, 8); return v; }
-    case StDType::f16: { std::uint16_t h; std::memcpy(&h, p + 2 * i, 2); return decode_f16(h); }
-    case StDType::bf16: { std::uint16_t h; std::memcpy(&h, p + 2 * i, 2); return decode_bf16(h); }
+    case StDType::f32: {
+      float v;
+      std::memcpy(&v, p + 4 * i, 4);
+      return v;
+    }
+    case StDType::f64: {
+      double v;
+      std::memcpy(&v, p + 8 * i, 8);
+      return v;
+    }
+    case StDType::f16: {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      return decode_f16(h);
+    }
+    case StDType::bf16: {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      return decode_bf16(h);
+    }
     case StDType::f8_e4m3: return decode_e4m3(static_cast<std::uint8_t>(p[i]));
     case StDType::f8_e5m2: return decode_e5m2(static_cast<std::uint8_t>(p[i]));
-    case StDType::f8_e8m0: case StDType::u8: return decode_e8m0(static_cast<std::uint8_t>(p[i]));
+    case StDType::f8_e8m0:
+    case StDType::u8: return decode_e8m0(static_cast<std::uint8_t>(p[i]));
     default: return NAN;
   }
 }

@@ -78,8 +78,9 @@ std::vector<StEntry> entries_of(const std::vector<Out>& outs) {
 
 void execute(const Input& in, const fs::path& out, std::vector<Item>& items, const char* shard_format,
              const ProgressFn& progress, Report& report) {
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& a, const Item& b) { return std::tie(a.shard, a.order) < std::tie(b.shard, b.order); });
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.shard, a.order) < std::tie(b.shard, b.order);
+  });
   Progress pr;
   pr.total = items.size();
   for (const Item& it : items) pr.bytes_total += it.in_bytes;
@@ -114,8 +115,8 @@ void execute(const Input& in, const fs::path& out, std::vector<Item>& items, con
   if (in.indexed) write_index(out / in.index_name, shards, in.ck.metadata());
 }
 
-void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta,
-                Report& report, std::optional<DType> dtype) {
+void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta, Report& report,
+                std::optional<DType> dtype) {
   for (std::string& n : copy_other_files(in.dir, st.dir())) report.notes.push_back(std::move(n));
   // An output inside the input directory: its old files and other runs' staging directories
   // are not part of the model.
@@ -127,7 +128,8 @@ void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to
     if (e.path().filename().string().find(".tmp.") != std::string::npos) fs::remove_all(e.path(), ec);
 
   Json config = in.config;
-  if (config.is_null() && to) report.notes.push_back("the input has no config.json; wrote one holding only the quantization block");
+  if (config.is_null() && to)
+    report.notes.push_back("the input has no config.json; wrote one holding only the quantization block");
   if (config.is_null() && !to) return;
   Json hf = apply_config(config, to, meta);
   if (dtype)

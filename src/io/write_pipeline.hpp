@@ -46,8 +46,8 @@ void execute(const Input& in, const fs::path& out, std::vector<Item>& items, con
 
 // The rest of the output in the staging directory: the input's other files, hf_quant_config.json,
 // then config.json last. With `dtype`, the config's torch_dtype says what the weights now are.
-void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta,
-                Report& report, std::optional<DType> dtype = std::nullopt);
+void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta, Report& report,
+                std::optional<DType> dtype = std::nullopt);
 
 // glibc raises its mmap threshold after large frees, so per-tensor buffers of a few MB end up on
 // the heap and stay resident after being freed; hand them back so the peak stays near one tensor.

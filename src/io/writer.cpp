@@ -110,14 +110,12 @@ struct SafetensorsWriter::Impl {
   }
 };
 
-SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, std::vector<StEntry> entries,
-                                     Metadata metadata)
+SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, std::vector<StEntry> entries, Metadata metadata)
     : impl_(std::make_unique<Impl>()) {
   impl_->path = std::move(path);
   impl_->entries = std::move(entries);
   // Validate and lay out before touching the disk.
-  std::string header =
-      detail::build_header(impl_->entries, metadata, impl_->path.string(), &impl_->sizes);
+  std::string header = detail::build_header(impl_->entries, metadata, impl_->path.string(), &impl_->sizes);
   impl_->file = std::make_unique<detail::AtomicFile>(impl_->path);
   std::byte len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<std::byte>((header.size() >> (8 * i)) & 0xFF);
@@ -137,13 +135,14 @@ void SafetensorsWriter::write(std::string_view name, std::span<const std::byte> 
   const StEntry& e = s.entries[s.next];
   if (name != e.name) {
     std::string expect = "expected data for tensor " + quote(e.name);
-    if (s.started) expect += " (" + std::to_string(s.filled) + " of " + std::to_string(s.sizes[s.next]) + " bytes written)";
+    if (s.started)
+      expect += " (" + std::to_string(s.filled) + " of " + std::to_string(s.sizes[s.next]) + " bytes written)";
     s.abandon(expect + ", got tensor " + quote(name));
   }
   const std::uint64_t room = s.sizes[s.next] - s.filled;
   if (bytes.size() > room)
-    s.abandon("tensor " + quote(name) + " given " + std::to_string(bytes.size()) + " bytes, " +
-              std::to_string(room) + " remain of its " + std::to_string(s.sizes[s.next]));
+    s.abandon("tensor " + quote(name) + " given " + std::to_string(bytes.size()) + " bytes, " + std::to_string(room) +
+              " remain of its " + std::to_string(s.sizes[s.next]));
   try {
     s.file->write(bytes);
   } catch (const Error& err) {
@@ -164,8 +163,8 @@ void SafetensorsWriter::write_tensor(std::string_view name, const Tensor& t) {
   if (s.next < s.entries.size() && name == s.entries[s.next].name) {
     const StEntry& e = s.entries[s.next];
     if (to_st_dtype(t.dtype()) != e.dtype || t.shape() != e.shape)
-      s.abandon("tensor " + quote(name) + " declared " + st_dtype_name(e.dtype) + " " +
-                shape_str(e.shape) + ", given " + dtype_name(t.dtype()) + " " + shape_str(t.shape()));
+      s.abandon("tensor " + quote(name) + " declared " + st_dtype_name(e.dtype) + " " + shape_str(e.shape) +
+                ", given " + dtype_name(t.dtype()) + " " + shape_str(t.shape()));
     if (s.started) s.abandon("tensor " + quote(name) + " already partly written");
   }
   write(name, std::span<const std::byte>(t.bytes(), t.nbytes()));
@@ -175,8 +174,8 @@ void SafetensorsWriter::finish() {
   Impl& s = *impl_;
   s.check_open();
   if (s.next != s.entries.size())
-    s.abandon("finished with tensor " + quote(s.entries[s.next].name) + " incomplete (" +
-              std::to_string(s.filled) + " of " + std::to_string(s.sizes[s.next]) + " bytes) and " +
+    s.abandon("finished with tensor " + quote(s.entries[s.next].name) + " incomplete (" + std::to_string(s.filled) +
+              " of " + std::to_string(s.sizes[s.next]) + " bytes) and " +
               std::to_string(s.entries.size() - s.next - 1) + " more after it unwritten");
   try {
     s.file->commit();

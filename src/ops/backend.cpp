@@ -76,10 +76,10 @@ void reference_quantized_matmul(const float* x, std::int64_t M, const cpu::Quant
   reference::matmul(x, wf.data(), M, transpose ? w.rows : w.cols, transpose ? w.cols : w.rows, transpose, bias, y);
 }
 
-constexpr ops::Kernels kReference{reference_quantize,         reference::dequantize,       reference_amax_finite,
-                                  reference_find_nonfinite,   reference_quantized_matmul, reference::qqmm};
-constexpr ops::Kernels kCpu{cpu::quantize,         cpu::dequantize,       cpu::amax_finite,
-                            cpu::find_nonfinite,   cpu::quantized_matmul, cpu::qqmm};
+constexpr ops::Kernels kReference{reference_quantize,       reference::dequantize,      reference_amax_finite,
+                                  reference_find_nonfinite, reference_quantized_matmul, reference::qqmm};
+constexpr ops::Kernels kCpu{cpu::quantize,       cpu::dequantize,       cpu::amax_finite,
+                            cpu::find_nonfinite, cpu::quantized_matmul, cpu::qqmm};
 
 }  // namespace
 

@@ -38,8 +38,8 @@ cpu::QuantizedMatrix weight_matrix(const ops::WeightPlan& p, const ops::Quantize
 
 }  // namespace
 
-Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorView& scales,
-                        const TensorView* biases, bool transpose, const QuantSpec& spec, const TensorView* bias) {
+Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorView& scales, const TensorView* biases,
+                        bool transpose, const QuantSpec& spec, const TensorView* bias) {
   const std::optional<ops::Arg> b = ops::optional_arg(biases), bias_arg = ops::optional_arg(bias);
   const ops::MatmulPlan p = ops::plan_quantized_matmul(ops::arg_of(x), ops::arg_of(wq), ops::arg_of(scales),
                                                        ops::opt_ptr(b), transpose, spec, ops::opt_ptr(bias_arg));
@@ -93,9 +93,8 @@ Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& s
   auto read = [&](ops::Side side, std::int64_t limit, const char* what) {
     return detail::read_indices(side == ops::Side::lhs ? *lhs_indices : *rhs_indices, limit, "gather_qmm", what);
   };
-  const ops::MatmulPlan p =
-      ops::plan_gather_qmm(ops::arg_of(x), ops::arg_of(wq), ops::arg_of(scales), ops::opt_ptr(b),
-                           ops::opt_ptr(lhs_arg), ops::opt_ptr(rhs_arg), transpose, spec, read);
+  const ops::MatmulPlan p = ops::plan_gather_qmm(ops::arg_of(x), ops::arg_of(wq), ops::arg_of(scales), ops::opt_ptr(b),
+                                                 ops::opt_ptr(lhs_arg), ops::opt_ptr(rhs_arg), transpose, spec, read);
   const ops::Kernels& k = ops::kernels();
   const ops::QuantizedOperand w = ops::bind_operand(p.w.q, wq, scales, biases);
   const std::int64_t M = p.M, N = p.N, K = p.K;

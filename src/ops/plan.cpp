@@ -19,8 +19,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, const cha
   for (std::size_t i = 0; i < out.size(); ++i) {
     const std::int64_t da = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
     const std::int64_t db = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
-    require(da == db || da == 1 || db == 1, std::string(op) + ": " + what + " " + shape_str(a) + " and " +
-                                                shape_str(b) + " do not broadcast");
+    require(da == db || da == 1 || db == 1,
+            std::string(op) + ": " + what + " " + shape_str(a) + " and " + shape_str(b) + " do not broadcast");
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -63,8 +63,8 @@ std::vector<std::int64_t> arange(std::int64_t n) {
 void check_bias(const Arg* bias, std::int64_t N, const char* op) {
   if (bias == nullptr) return;
   require(is_float(bias->dtype), std::string(op) + ": bias must be float32, float16 or bfloat16");
-  require(bias->shape == Shape{N}, std::string(op) + ": bias must have shape " + shape_str({N}) + ", got " +
-                                       shape_str(bias->shape));
+  require(bias->shape == Shape{N},
+          std::string(op) + ": bias must have shape " + shape_str({N}) + ", got " + shape_str(bias->shape));
 }
 
 void check_x(const Arg& x, const char* op) {
@@ -72,8 +72,7 @@ void check_x(const Arg& x, const char* op) {
 }
 
 WeightPlan plan_weight(const Arg& wq, const Arg& scales, const Arg* biases, const QuantSpec& s, const char* op) {
-  require(wq.shape.size() >= 2,
-          std::string(op) + ": quantized weight must have rank >= 2, got " + shape_str(wq.shape));
+  require(wq.shape.size() >= 2, std::string(op) + ": quantized weight must have rank >= 2, got " + shape_str(wq.shape));
   require(s.layout == Layout::compact || wq.shape.size() == 2,
           std::string(op) + ": swizzled scales are only supported for 2-D weights");
   WeightPlan w{plan_operand(wq, scales, biases, s, op), {}, 0, 0};
@@ -104,8 +103,8 @@ QuantizePlan plan_quantize(const Arg& x, const QuantSpec& spec) {
   QuantizePlan p;
   p.spec = resolve(spec);
   const QuantSpec& s = p.spec;
-  require(is_float(x.dtype), std::string("quantize: unsupported input dtype ") + dtype_name(x.dtype) +
-                                 " (float32, float16 or bfloat16)");
+  require(is_float(x.dtype),
+          std::string("quantize: unsupported input dtype ") + dtype_name(x.dtype) + " (float32, float16 or bfloat16)");
   require(!x.shape.empty(), "quantize: input must have rank >= 1 (groups run along the last axis)");
   p.K = x.shape.back();
   require(p.K % s.group_size == 0, "quantize: last dimension " + std::to_string(p.K) +
@@ -134,8 +133,8 @@ void throw_nonfinite(std::int64_t flat, float value, const Shape& shape) {
 }
 
 void check_amax_input(const Arg& x, const char* op) {
-  require(is_float(x.dtype), std::string(op) + ": unsupported input dtype " + dtype_name(x.dtype) +
-                                 " (float32, float16 or bfloat16)");
+  require(is_float(x.dtype),
+          std::string(op) + ": unsupported input dtype " + dtype_name(x.dtype) + " (float32, float16 or bfloat16)");
 }
 
 OperandPlan plan_operand(const Arg& packed, const Arg& scales, const Arg* biases, const QuantSpec& spec,

@@ -41,10 +41,10 @@ Shape with_last(Shape s, std::int64_t last);
 struct QuantizePlan {
   QuantSpec spec;  // resolved
   std::int64_t rows = 0, K = 0, groups = 0;
-  Shape packed;          // uint8 [..., K*bits/8]
-  Shape compact_scales;  // [..., K/group]
-  Shape scales;          // as stored: compact_scales, or the swizzled [Rp, Cp]
-  Shape biases;          // affine only (like compact_scales); empty otherwise
+  Shape packed;                      // uint8 [..., K*bits/8]
+  Shape compact_scales;              // [..., K/group]
+  Shape scales;                      // as stored: compact_scales, or the swizzled [Rp, Cp]
+  Shape biases;                      // affine only (like compact_scales); empty otherwise
   DType scale_dtype = DType::uint8;  // uint8 codes, or x's dtype for affine
 };
 QuantizePlan plan_quantize(const Arg& x, const QuantSpec& spec);
@@ -58,8 +58,8 @@ void check_amax_input(const Arg& x, const char* op);
 
 // A quantized operand (packed values + scales (+ affine biases)) checked against its spec.
 struct OperandPlan {
-  QuantSpec spec;  // resolved
-  Shape shape;     // logical [..., K]
+  QuantSpec spec;                            // resolved
+  Shape shape;                               // logical [..., K]
   std::int64_t rows = 0, K = 0, groups = 0;  // rows: product of the leading axes; groups per row
   DType scale_dtype = DType::uint8;
 };
@@ -101,7 +101,7 @@ MatmulPlan plan_gather_qmm(const Arg& x, const Arg& wq, const Arg& scales, const
 
 // qqmm: y [..., N] = x [..., K] @ w [N, K]^T, both quantized.
 struct QqmmPlan {
-  QqmmSpecs specs;      // specs.w.layout is compact when w is float (the op quantizes it)
+  QqmmSpecs specs;       // specs.w.layout is compact when w is float (the op quantizes it)
   bool w_float = false;  // w is float [N, K] and is quantized by the op, else packed with w_scales
   OperandPlan w;
   std::int64_t M = 0, N = 0, K = 0;

@@ -87,8 +87,7 @@ Tensor swizzle_scales(const TensorView& scales) {
           std::string("swizzle_scales: scales must be uint8, got ") + dtype_name(scales.dtype));
   require(scales.rank() >= 1, "swizzle_scales: scales must have rank >= 1");
   const std::int64_t C = scales.shape.back();
-  const std::int64_t R = C == 0 ? numel(Shape(scales.shape.begin(), scales.shape.end() - 1))
-                                : scales.numel() / C;
+  const std::int64_t R = C == 0 ? numel(Shape(scales.shape.begin(), scales.shape.end() - 1)) : scales.numel() / C;
   const Tensor compact = detail::contiguous(scales);
   Tensor out(DType::uint8, {ops::roundup(R, 128), ops::roundup(C, 4)});
   reference::swizzle(compact.data<std::uint8_t>(), R, C, out.data<std::uint8_t>());
@@ -100,9 +99,9 @@ Tensor unswizzle_scales(const TensorView& swizzled, std::int64_t rows, std::int6
           std::string("unswizzle_scales: scales must be uint8, got ") + dtype_name(swizzled.dtype));
   require(rows >= 0 && cols >= 0, "unswizzle_scales: rows and cols must be >= 0");
   const std::int64_t need = ops::roundup(rows, 128) * ops::roundup(cols, 4);
-  require(swizzled.numel() == need, "unswizzle_scales: " + std::to_string(rows) + "x" +
-                                        std::to_string(cols) + " scales need " + std::to_string(need) +
-                                        " swizzled bytes, got " + std::to_string(swizzled.numel()));
+  require(swizzled.numel() == need, "unswizzle_scales: " + std::to_string(rows) + "x" + std::to_string(cols) +
+                                        " scales need " + std::to_string(need) + " swizzled bytes, got " +
+                                        std::to_string(swizzled.numel()));
   const Tensor sw = detail::contiguous(swizzled);
   Tensor out(DType::uint8, {rows, cols});
   reference::unswizzle(sw.data<std::uint8_t>(), rows, cols, out.data<std::uint8_t>());

@@ -25,9 +25,8 @@ float scaled(float value, float factor) { return std::isnan(factor) ? factor : v
 
 }  // namespace
 
-void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases,
-                DType scale_dtype, std::int64_t rows, std::int64_t K, const QuantSpec& spec,
-                DType out, std::byte* y) {
+void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases, DType scale_dtype,
+                std::int64_t rows, std::int64_t K, const QuantSpec& spec, DType out, std::byte* y) {
   const int g = spec.group_size;
   const std::int64_t groups = K / g;
   const std::int64_t row_bytes = K * spec.bits / 8;
@@ -47,12 +46,8 @@ void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::
           case Mode::nvfp4:
             v = scaled(numerics::decode_e2m1(nibble(pr, k)), numerics::nvfp4_decode_factor(code8, three_level, amax));
             break;
-          case Mode::mxfp4:
-            v = scaled(numerics::decode_e2m1(nibble(pr, k)), numerics::decode_e8m0(code8));
-            break;
-          case Mode::mxfp8:
-            v = scaled(numerics::decode_fp8(spec.elem, pr[k]), numerics::decode_e8m0(code8));
-            break;
+          case Mode::mxfp4: v = scaled(numerics::decode_e2m1(nibble(pr, k)), numerics::decode_e8m0(code8)); break;
+          case Mode::mxfp8: v = scaled(numerics::decode_fp8(spec.elem, pr[k]), numerics::decode_e8m0(code8)); break;
           case Mode::affine: {
             const float s = detail::load_f32(sp, scale_dtype);
             const float b = detail::load_f32(biases + gi * scale_size, scale_dtype);

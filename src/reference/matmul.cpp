@@ -38,8 +38,8 @@ float scale_value(std::uint8_t code, Mode mode) {
 }  // namespace
 
 void qqmm(const std::uint8_t* px, const std::uint8_t* sx, const std::uint8_t* pw, const std::uint8_t* sw,
-          std::int64_t M, std::int64_t N, std::int64_t K, const QuantSpec& spec, float alpha,
-          const float* bias, float* y) {
+          std::int64_t M, std::int64_t N, std::int64_t K, const QuantSpec& spec, float alpha, const float* bias,
+          float* y) {
   const int g = spec.group_size;
   const std::int64_t groups = K / g;
   const std::int64_t row_bytes = K * spec.bits / 8;

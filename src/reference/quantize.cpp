@@ -98,12 +98,13 @@ float amax_finite(const float* x, std::int64_t n) {
   return m;
 }
 
-void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, const QuantSpec& spec,
-              std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, const QuantSpec& spec, std::uint8_t* packed,
+              std::byte* scales, std::byte* biases) {
   const int g = spec.group_size;
   const std::int64_t groups = K / g;
   const std::int64_t row_bytes = K * spec.bits / 8;
-  const numerics::Nvfp4Tensor nv = numerics::nvfp4_tensor(spec.global_scale.has_value(), spec.global_scale.value_or(0.0f));
+  const numerics::Nvfp4Tensor nv =
+      numerics::nvfp4_tensor(spec.global_scale.has_value(), spec.global_scale.value_or(0.0f));
   const numerics::MxElem ef = numerics::mx_elem(spec.mode, spec.elem);
   const std::size_t scale_size = spec.mode == Mode::affine ? dtype_size(src) : 1;
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -114,13 +115,9 @@ void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, cons
       const std::int64_t first = j * g;
       std::byte* sp = scales + static_cast<std::size_t>(r * groups + j) * scale_size;
       switch (spec.mode) {
-        case Mode::nvfp4:
-          nvfp4_block(xb, nv, spec.nonfinite, pr, first, reinterpret_cast<std::uint8_t*>(sp));
-          break;
+        case Mode::nvfp4: nvfp4_block(xb, nv, spec.nonfinite, pr, first, reinterpret_cast<std::uint8_t*>(sp)); break;
         case Mode::mxfp4:
-        case Mode::mxfp8:
-          mx_block(xb, ef, spec, src, pr, first, reinterpret_cast<std::uint8_t*>(sp));
-          break;
+        case Mode::mxfp8: mx_block(xb, ef, spec, src, pr, first, reinterpret_cast<std::uint8_t*>(sp)); break;
         case Mode::affine:
           affine_group(xb, g, spec.bits, src, pr, first, sp,
                        biases + static_cast<std::size_t>(r * groups + j) * scale_size);

@@ -17,14 +17,13 @@ namespace microscale::reference {
 // scale rule and to round affine scales/biases). spec must be resolved; nonfinite 'error' has
 // been checked by the caller. Writes packed [rows, K*bits/8], compact scales [rows, K/group]
 // (uint8, or src-typed for affine) and, for affine, biases.
-void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, const QuantSpec& spec,
-              std::uint8_t* packed, std::byte* scales, std::byte* biases);
+void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, const QuantSpec& spec, std::uint8_t* packed,
+              std::byte* scales, std::byte* biases);
 
 // Inverse: compact scales of dtype `scale_dtype` (uint8 for fp modes), biases of the same dtype
 // (affine), output y [rows, K] of dtype `out`.
-void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases,
-                DType scale_dtype, std::int64_t rows, std::int64_t K, const QuantSpec& spec,
-                DType out, std::byte* y);
+void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases, DType scale_dtype,
+                std::int64_t rows, std::int64_t K, const QuantSpec& spec, DType out, std::byte* y);
 
 // max |x_i| over finite values; 0 if there is none.
 float amax_finite(const float* x, std::int64_t n);
@@ -46,7 +45,7 @@ void matmul(const float* x, const float* w, std::int64_t M, std::int64_t N, std:
 // Per block, the float32 dot of element values (exact for nvfp4) times (sx * sw), summed over
 // blocks in order; then y = alpha * acc (+ bias). spec is resolved (nvfp4, mxfp4 or mxfp8).
 void qqmm(const std::uint8_t* px, const std::uint8_t* sx, const std::uint8_t* pw, const std::uint8_t* sw,
-          std::int64_t M, std::int64_t N, std::int64_t K, const QuantSpec& spec, float alpha,
-          const float* bias, float* y);
+          std::int64_t M, std::int64_t N, std::int64_t K, const QuantSpec& spec, float alpha, const float* bias,
+          float* y);
 
 }  // namespace microscale::reference

@@ -10,7 +10,7 @@ int main() {
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::sin(0.1f * static_cast<float>(i));
   const ms::TensorView x(w.data(), ms::DType::float32, {4, 64});
 
-  ms::QuantSpec spec;                      // nvfp4 by default
+  ms::QuantSpec spec;                       // nvfp4 by default
   spec.global_scale = ms::global_scale(x);  // tensor amax: three-level NVFP4
   ms::Quantized q = ms::quantize(x, spec);  // q.packed uint8 [4, 32], q.scales E4M3 bytes [4, 4]
   ms::Tensor y = ms::dequantize(q, ms::DType::float32);

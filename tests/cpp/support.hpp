@@ -116,7 +116,10 @@ inline Grid grid(Fmt f) {
   }
   return {};
 }
-inline double max_value(Fmt f) { Grid g = grid(f); return g.value(g.max_code); }
+inline double max_value(Fmt f) {
+  Grid g = grid(f);
+  return g.value(g.max_code);
+}
 
 // rn_sat of section 0 for a finite or infinite v: nearest code, ties to the even code, overflow
 // and +-Inf to +-max, sign copied (so -0.0 and tiny negatives give the negative zero code).
@@ -130,7 +133,10 @@ inline std::uint8_t rn_sat(Fmt f, float v) {
   int lo = 0, hi = g.max_code;
   while (hi - lo > 1) {
     int mid = (lo + hi) / 2;
-    if (g.value(static_cast<std::uint8_t>(mid)) <= a) lo = mid; else hi = mid;
+    if (g.value(static_cast<std::uint8_t>(mid)) <= a)
+      lo = mid;
+    else
+      hi = mid;
   }
   double twice = 2 * a, sum = g.value(static_cast<std::uint8_t>(lo)) + g.value(static_cast<std::uint8_t>(hi));
   int c = twice < sum ? lo : twice > sum ? hi : ((lo & 1) == 0 ? lo : hi);
@@ -239,9 +245,7 @@ inline RefFp ref_mx(const std::vector<float>& x, Fmt f, microscale::ScaleRule ru
   }
   return r;
 }
-inline float ref_mx_value(Fmt f, std::uint8_t code, std::uint8_t e) {
-  return code_value(f, code) * e8m0_f32(e);
-}
+inline float ref_mx_value(Fmt f, std::uint8_t code, std::uint8_t e) { return code_value(f, code) * e8m0_f32(e); }
 
 // affine, FORMATS.md 2.3; finite inputs. Scales and biases are returned as f32 values already
 // rounded to the input dtype `t`.
@@ -403,7 +407,8 @@ inline const std::vector<BackendConfig>& backend_configs() {
     std::vector<BackendConfig> c = {{"reference", microscale::Backend::reference, "", 0}};
     const std::vector<std::string> targets = microscale::available_cpu_targets();
     for (const std::string& t : targets) c.push_back({"cpu:" + t, microscale::Backend::cpu, t, 0});
-    if (!targets.empty()) c.push_back({"cpu:" + targets.front() + " threads=3", microscale::Backend::cpu, targets.front(), 3});
+    if (!targets.empty())
+      c.push_back({"cpu:" + targets.front() + " threads=3", microscale::Backend::cpu, targets.front(), 3});
     return c;
   }();
   return configs;

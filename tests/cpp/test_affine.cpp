@@ -149,7 +149,11 @@ TEST(Affine, HandPackedBytes) {
     EXPECT_EQ(pack_bits({31, 0, 0, 0, 0, 0, 0, 1}, 8, 5), (std::vector<std::uint8_t>{0x1F, 0, 0, 0, 0x08}));
     EXPECT_EQ(pack_bits({63, 0, 1, 32}, 4, 6), (std::vector<std::uint8_t>{0x3F, 0x10, 0x80}));
     // The same patterns through the library (w = n - c, so scale -1, bias n, codes c).
-    struct Case { int bits; std::vector<int> codes; std::vector<std::uint8_t> want; };
+    struct Case {
+      int bits;
+      std::vector<int> codes;
+      std::vector<std::uint8_t> want;
+    };
     const Case cases[] = {{5, {31, 0, 0, 0, 0, 0, 0, 1}, {0x1F, 0x00, 0x00, 0x00, 0x08}},
                           {6, {63, 0, 1, 32}, {0x3F, 0x10, 0x80}}};
     for (const Case& c : cases) {

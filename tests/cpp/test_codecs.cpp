@@ -24,14 +24,17 @@ TEST(E2M1, DecodeAllSixteenCodes) {
 }
 
 TEST(E2M1, EncodeTableOfSectionOne) {
-  struct Case { float v; int idx; };
+  struct Case {
+    float v;
+    int idx;
+  };
   // Every closed end of the table is a tie going to the even index; open ends go to their side.
   const Case cases[] = {
-      {0.0f, 0},  {0.1f, 0},  {0.25f, 0}, {next_up(0.25f), 1}, {0.5f, 1},  {next_down(0.75f), 1},
-      {0.75f, 2}, {1.0f, 2},  {1.25f, 2}, {next_up(1.25f), 3}, {1.5f, 3},  {next_down(1.75f), 3},
-      {1.75f, 4}, {2.0f, 4},  {2.5f, 4},  {next_up(2.5f), 5},  {3.0f, 5},  {next_down(3.5f), 5},
-      {3.5f, 6},  {4.0f, 6},  {5.0f, 6},  {next_up(5.0f), 7},  {6.0f, 7},  {7.0f, 7},
-      {1e30f, 7}, {FLT_MAX, 7}, {kInf, 7}, {bits_f(1), 0},
+      {0.0f, 0},  {0.1f, 0},    {0.25f, 0}, {next_up(0.25f), 1}, {0.5f, 1}, {next_down(0.75f), 1},
+      {0.75f, 2}, {1.0f, 2},    {1.25f, 2}, {next_up(1.25f), 3}, {1.5f, 3}, {next_down(1.75f), 3},
+      {1.75f, 4}, {2.0f, 4},    {2.5f, 4},  {next_up(2.5f), 5},  {3.0f, 5}, {next_down(3.5f), 5},
+      {3.5f, 6},  {4.0f, 6},    {5.0f, 6},  {next_up(5.0f), 7},  {6.0f, 7}, {7.0f, 7},
+      {1e30f, 7}, {FLT_MAX, 7}, {kInf, 7},  {bits_f(1), 0},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(ms::encode_e2m1(c.v), c.idx) << "v = " << c.v;
@@ -58,8 +61,7 @@ TEST(E2M1, AgreesWithGridOracleOnDenseSweep) {
   // Every multiple of 1/64 in [-8, 8] plus its f32 neighbours.
   for (int i = -512; i <= 512; ++i) {
     float v = static_cast<float>(i) / 64.0f;
-    for (float w : {v, next_up(v), next_down(v)})
-      ASSERT_EQ(ms::encode_e2m1(w), rn_sat(Fmt::e2m1, w)) << "v = " << w;
+    for (float w : {v, next_up(v), next_down(v)}) ASSERT_EQ(ms::encode_e2m1(w), rn_sat(Fmt::e2m1, w)) << "v = " << w;
   }
 }
 
@@ -117,7 +119,7 @@ TEST(E4M3, SaturationZeroAndNaN) {
   EXPECT_EQ(ms::encode_e4m3(-kInf), 0xFE);
   EXPECT_EQ(ms::encode_e4m3(-1e6f), 0xFE);
   EXPECT_EQ(ms::encode_e4m3(kNaN), 0x7F);
-  EXPECT_EQ(ms::encode_e4m3(-kNaN), 0x7F);  // sign dropped
+  EXPECT_EQ(ms::encode_e4m3(-kNaN), 0x7F);                  // sign dropped
   EXPECT_EQ(ms::encode_e4m3(std::ldexp(1.0f, -10)), 0x00);  // tie to zero
   EXPECT_EQ(ms::encode_e4m3(-std::ldexp(1.0f, -10)), 0x80);
   EXPECT_EQ(ms::encode_e4m3(next_up(std::ldexp(1.0f, -10))), 0x01);
@@ -198,7 +200,7 @@ TEST(E5M2, SaturationZeroAndNaN) {
 TEST(E8M0, DecodeByBits) {
   EXPECT_EQ(f_bits(ms::decode_e8m0(0x00)), 0x00400000u);  // 2^-127, not zero
   EXPECT_EQ(ms::decode_e8m0(0x00), std::ldexp(1.0f, -127));
-  EXPECT_TRUE(std::isnan(ms::decode_e8m0(0xFF)));          // NaN, not Inf
+  EXPECT_TRUE(std::isnan(ms::decode_e8m0(0xFF)));  // NaN, not Inf
   for (int e = 1; e <= 254; ++e) {
     EXPECT_EQ(f_bits(ms::decode_e8m0(static_cast<std::uint8_t>(e))), static_cast<std::uint32_t>(e) << 23);
     EXPECT_EQ(ms::decode_e8m0(static_cast<std::uint8_t>(e)), std::ldexp(1.0f, e - 127));
@@ -216,8 +218,7 @@ TEST(E8M0, ReciprocalIsExact) {
 }
 
 TEST(E8M0, StandaloneEncoder) {
-  for (int e = 0; e <= 254; ++e)
-    EXPECT_EQ(ms::encode_e8m0(std::ldexp(1.0f, e - 127)), e) << "2^" << e - 127;
+  for (int e = 0; e <= 254; ++e) EXPECT_EQ(ms::encode_e8m0(std::ldexp(1.0f, e - 127)), e) << "2^" << e - 127;
   // Linear-domain nearest power of two, the midpoint 1.5 * 2^k rounds up.
   EXPECT_EQ(ms::encode_e8m0(1.5f), 128);
   EXPECT_EQ(ms::encode_e8m0(next_down(1.5f)), 127);
@@ -225,7 +226,7 @@ TEST(E8M0, StandaloneEncoder) {
   EXPECT_EQ(ms::encode_e8m0(0.75f), 127);
   EXPECT_EQ(ms::encode_e8m0(next_down(0.75f)), 126);
   EXPECT_EQ(ms::encode_e8m0(1.9f), 128);
-  EXPECT_EQ(ms::encode_e8m0(FLT_MAX), 0xFE);              // saturates to 2^127
+  EXPECT_EQ(ms::encode_e8m0(FLT_MAX), 0xFE);                 // saturates to 2^127
   EXPECT_EQ(ms::encode_e8m0(std::ldexp(1.0f, -140)), 0x00);  // saturates to 2^-127
   EXPECT_EQ(ms::encode_e8m0(0.0f), 0xFF);
   EXPECT_EQ(ms::encode_e8m0(-1.0f), 0xFF);
@@ -296,7 +297,8 @@ TEST(F16, RoundToNearestEvenAtEveryTie) {
   // one f32 ulp either side to the nearer one. Sign symmetric.
   for (std::uint32_t h = 0; h < 0x7C00; ++h) {
     const double lo = ms::decode_f16(static_cast<std::uint16_t>(h));
-    const double hi = h + 1 == 0x7C00 ? 65536.0 : static_cast<double>(ms::decode_f16(static_cast<std::uint16_t>(h + 1)));
+    const double hi =
+        h + 1 == 0x7C00 ? 65536.0 : static_cast<double>(ms::decode_f16(static_cast<std::uint16_t>(h + 1)));
     const float mid = static_cast<float>((lo + hi) / 2);
     ASSERT_EQ(static_cast<double>(mid), (lo + hi) / 2);
     const std::uint32_t even = (h % 2 == 0) ? h : h + 1;

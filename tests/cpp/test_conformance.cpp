@@ -68,7 +68,8 @@ TEST_P(Conformance, MatchesOracleBitForBit) {
   // Even cases: 6 x 256; odd cases: 5 rows of 7 groups, so SIMD loops get ragged tails.
   const bool odd = GetParam() % 2 == 1;
   const std::int64_t rows = odd ? 5 : 6, k = odd ? 7 * ms::resolve(c.spec).group_size : 256;
-  std::vector<float> x = make_data(static_cast<std::size_t>(rows * k), c.dist, 1000 + static_cast<std::uint64_t>(GetParam()));
+  std::vector<float> x =
+      make_data(static_cast<std::size_t>(rows * k), c.dist, 1000 + static_cast<std::uint64_t>(GetParam()));
   std::vector<std::uint16_t> h;
   TensorView xv = view(x, {rows, k});
   if (c.dtype != DType::float32) {
@@ -93,7 +94,8 @@ TEST_P(Conformance, MatchesOracleBitForBit) {
     RefFp r = ref_nvfp4(x, spec.global_scale);
     want_scales = r.scales;
     want_packed = pack_fp4(r.codes);
-    for (std::size_t i = 0; i < x.size(); ++i) want.push_back(ref_nvfp4_value(r.codes[i], r.scales[i / 16], spec.global_scale));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      want.push_back(ref_nvfp4_value(r.codes[i], r.scales[i / 16], spec.global_scale));
   } else if (spec.mode == ms::Mode::mxfp4 || spec.mode == ms::Mode::mxfp8) {
     const Fmt f = spec.mode == ms::Mode::mxfp4 ? Fmt::e2m1 : spec.elem == ms::Elem::e4m3 ? Fmt::e4m3 : Fmt::e5m2;
     RefFp r = ref_mx(x, f, spec.scale_rule, c.dtype);

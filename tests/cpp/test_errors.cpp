@@ -43,27 +43,36 @@ ms::QuantSpec mode_spec(ms::Mode m, int group = 0, int bits = 0) {
 const std::vector<float> kData = make_data(4 * 256, Dist::gaussian, 77);
 
 TEST(Errors, KNotMultipleOfGroup) {
-  struct Case { ms::QuantSpec s; std::int64_t k; };
+  struct Case {
+    ms::QuantSpec s;
+    std::int64_t k;
+  };
   const Case cases[] = {{mode_spec(ms::Mode::nvfp4), 24},
                         {mode_spec(ms::Mode::mxfp4), 48},
                         {mode_spec(ms::Mode::mxfp8), 16},
                         {mode_spec(ms::Mode::affine), 96},
                         {mode_spec(ms::Mode::affine, 128, 4), 192}};
   for (const Case& c : cases)
-    expect_error([&] { ms::quantize(view(kData, {2, c.k}), c.s); }, {"group", "multiple", "divisible"},
-                 std::string(ms::name(c.s.mode)) + " K=" + std::to_string(c.k));
+    expect_error(
+        [&] {
+          ms::quantize(view(kData, {2, c.k}), c.s);
+        },
+        {"group", "multiple", "divisible"}, std::string(ms::name(c.s.mode)) + " K=" + std::to_string(c.k));
 }
 
 TEST(Errors, UnsupportedGroupOrBits) {
-  struct Case { ms::Mode m; int group, bits; };
-  const Case cases[] = {{ms::Mode::nvfp4, 32, 0}, {ms::Mode::nvfp4, 8, 0},  {ms::Mode::nvfp4, 0, 8},
-                        {ms::Mode::mxfp4, 16, 0}, {ms::Mode::mxfp4, 64, 0}, {ms::Mode::mxfp4, 0, 8},
-                        {ms::Mode::mxfp8, 16, 0}, {ms::Mode::mxfp8, 0, 4},  {ms::Mode::affine, 16, 4},
+  struct Case {
+    ms::Mode m;
+    int group, bits;
+  };
+  const Case cases[] = {{ms::Mode::nvfp4, 32, 0},   {ms::Mode::nvfp4, 8, 0},    {ms::Mode::nvfp4, 0, 8},
+                        {ms::Mode::mxfp4, 16, 0},   {ms::Mode::mxfp4, 64, 0},   {ms::Mode::mxfp4, 0, 8},
+                        {ms::Mode::mxfp8, 16, 0},   {ms::Mode::mxfp8, 0, 4},    {ms::Mode::affine, 16, 4},
                         {ms::Mode::affine, 256, 4}, {ms::Mode::affine, -64, 4}, {ms::Mode::affine, 64, 1},
                         {ms::Mode::affine, 64, 7},  {ms::Mode::affine, 64, 16}, {ms::Mode::affine, 64, -4}};
   for (const Case& c : cases) {
-    const std::string what = std::string(ms::name(c.m)) + " group " + std::to_string(c.group) + " bits " +
-                             std::to_string(c.bits);
+    const std::string what =
+        std::string(ms::name(c.m)) + " group " + std::to_string(c.group) + " bits " + std::to_string(c.bits);
     const ms::QuantSpec s = mode_spec(c.m, c.group, c.bits);
     expect_error([&] { ms::resolve(s); }, {"group", "bits"}, what + " (resolve)");
     expect_error([&] { ms::quantize(view(kData, {2, 512}), s); }, {"group", "bits"}, what);
@@ -80,7 +89,11 @@ TEST(Errors, GlobalScale) {
   for (ms::Mode m : {ms::Mode::mxfp4, ms::Mode::mxfp8, ms::Mode::affine}) {
     ms::QuantSpec s = mode_spec(m);
     s.global_scale = 1.0f;
-    expect_error([&] { ms::quantize(view(kData, {2, 128}), s); }, {"global"}, std::string("global_scale with ") + ms::name(m));
+    expect_error(
+        [&] {
+          ms::quantize(view(kData, {2, 128}), s);
+        },
+        {"global"}, std::string("global_scale with ") + ms::name(m));
   }
   for (float g : {-1.0f, -1e-30f, kNaN, kInf, -kInf}) {
     ms::QuantSpec s;
@@ -94,15 +107,24 @@ TEST(Errors, GlobalScale) {
 
 TEST(Errors, QuantizeInputs) {
   std::vector<std::uint8_t> u8(256, 1);
-  expect_error([&] { ms::quantize(TensorView(u8.data(), DType::uint8, {2, 128}), ms::QuantSpec{}); },
-               {"dtype", "uint8", "type"}, "uint8 input");
+  expect_error(
+      [&] {
+        ms::quantize(TensorView(u8.data(), DType::uint8, {2, 128}), ms::QuantSpec{});
+      },
+      {"dtype", "uint8", "type"}, "uint8 input");
   std::vector<std::int32_t> i32(256, 1);
-  expect_error([&] { ms::quantize(TensorView(i32.data(), DType::int32, {2, 128}), ms::QuantSpec{}); },
-               {"dtype", "int32", "type"}, "int32 input");
+  expect_error(
+      [&] {
+        ms::quantize(TensorView(i32.data(), DType::int32, {2, 128}), ms::QuantSpec{});
+      },
+      {"dtype", "int32", "type"}, "int32 input");
   expect_error([&] { ms::quantize(TensorView(kData.data(), DType::float32, {}), ms::QuantSpec{}); },
                {"rank", "scalar", "dim", "0-d"}, "rank 0");
-  expect_error([&] { ms::quantize(TensorView(kData.data(), DType::float32, {2, 128}, {128}), ms::QuantSpec{}); },
-               {"stride"}, "strides of the wrong rank");
+  expect_error(
+      [&] {
+        ms::quantize(TensorView(kData.data(), DType::float32, {2, 128}, {128}), ms::QuantSpec{});
+      },
+      {"stride"}, "strides of the wrong rank");
   ms::QuantSpec aff = mode_spec(ms::Mode::affine);
   aff.layout = ms::Layout::swizzled;
   expect_error([&] { ms::quantize(view(kData, {2, 128}), aff); }, {"swizzle", "layout"}, "swizzled affine");
@@ -120,12 +142,12 @@ TEST(Errors, DequantizeShapes) {
   EXPECT_NO_THROW(ms::dequantize(nvp, nvs, nullptr, nv.spec, DType::float32));
   EXPECT_NO_THROW(ms::dequantize(afp, afs, &afb, af.spec, DType::float32));
 
-  Tensor s_rows(DType::uint8, {3, 8});      // wrong leading size
-  Tensor s_cols(DType::uint8, {4, 7});      // wrong K/group
-  Tensor s_rank(DType::uint8, {4, 8, 1});   // wrong rank
-  Tensor s_f32(DType::float32, {4, 8});     // wrong dtype for nvfp4 scales
-  Tensor p_f32(DType::float32, {4, 64});    // packed must be uint8
-  Tensor p_odd(DType::uint8, {4, 63});      // K*bits/8 not whole groups
+  Tensor s_rows(DType::uint8, {3, 8});     // wrong leading size
+  Tensor s_cols(DType::uint8, {4, 7});     // wrong K/group
+  Tensor s_rank(DType::uint8, {4, 8, 1});  // wrong rank
+  Tensor s_f32(DType::float32, {4, 8});    // wrong dtype for nvfp4 scales
+  Tensor p_f32(DType::float32, {4, 64});   // packed must be uint8
+  Tensor p_odd(DType::uint8, {4, 63});     // K*bits/8 not whole groups
   for (const Tensor* bad : {&s_rows, &s_cols, &s_rank, &s_f32}) {
     const TensorView bv = bad->view();
     expect_error([&] { ms::dequantize(nvp, bv, nullptr, nv.spec, DType::float32); }, {"scale"},
@@ -168,7 +190,8 @@ TEST(Errors, Layouts) {
   expect_error([&] { ms::unswizzle_scales(sw.view(), 129, 4); }, {"row", "shape", "swizzle"}, "unswizzle rows too big");
   expect_error([&] { ms::unswizzle_scales(sw.view(), 4, 5); }, {"col", "shape", "swizzle"}, "unswizzle cols too big");
   Tensor odd(DType::uint8, {100, 4});
-  expect_error([&] { ms::unswizzle_scales(odd.view(), 100, 4); }, {"shape", "swizzle", "128"}, "unpadded swizzled buffer");
+  expect_error([&] { ms::unswizzle_scales(odd.view(), 100, 4); }, {"shape", "swizzle", "128"},
+               "unpadded swizzled buffer");
 }
 
 TEST(Format, Names) {
@@ -194,7 +217,7 @@ TEST(Format, BitsPerValue) {
   EXPECT_DOUBLE_EQ(bpv(mode_spec(ms::Mode::nvfp4)), 4.5);
   EXPECT_DOUBLE_EQ(bpv(mode_spec(ms::Mode::mxfp4)), 4.25);
   EXPECT_DOUBLE_EQ(bpv(mode_spec(ms::Mode::mxfp8)), 8.25);
-  EXPECT_DOUBLE_EQ(bpv(mode_spec(ms::Mode::affine)), 4.5);           // 4 + 2*16/64
+  EXPECT_DOUBLE_EQ(bpv(mode_spec(ms::Mode::affine)), 4.5);  // 4 + 2*16/64
   EXPECT_DOUBLE_EQ(bpv(mode_spec(ms::Mode::affine, 128, 4)), 4.25);
   EXPECT_DOUBLE_EQ(bpv(mode_spec(ms::Mode::affine, 32, 3), 32), 5.0);  // 3 + 2*32/32
 }

@@ -186,7 +186,8 @@ TEST(Gemv, EveryModeRowsDtypesAndShapesMatchFloat64) {
         for (std::int64_t M = 1; M <= 8; ++M) {
           // Each row of x at its own scale, so that mixed-up rows show.
           std::vector<float> xv = randn(static_cast<std::size_t>(M * K), static_cast<std::uint32_t>(M), 1.0f);
-          for (std::int64_t i = 0; i < M * K; ++i) xv[static_cast<std::size_t>(i)] *= std::ldexp(1.0f, static_cast<int>(i / K));
+          for (std::int64_t i = 0; i < M * K; ++i)
+            xv[static_cast<std::size_t>(i)] *= std::ldexp(1.0f, static_cast<int>(i / K));
           const X x = make_x(xv, dt);
           mst::for_each_backend([&] {
             SCOPED_TRACE(c.name + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " x=" + ms::dtype_name(dt));
@@ -237,11 +238,11 @@ TEST(Gemv, NonFiniteCodesScalesAndActivations) {
     scales[1 * groups + 3] = nv ? 0x7F : 0xFF;  // NaN scale
     if (c.spec.mode == Mode::mxfp8) {
       const bool e5m2 = c.spec.elem == ms::Elem::e5m2;
-      packed[2 * row_bytes + 5] = e5m2 ? 0x7C : 0x7F;                // +Inf / NaN
-      packed[3 * row_bytes + row_bytes - 1] = e5m2 ? 0xFC : 0xFF;    // -Inf / NaN, the last code
-      packed[4 * row_bytes + 40] = e5m2 ? 0x7C : 0x00;               // +Inf and -Inf: NaN
+      packed[2 * row_bytes + 5] = e5m2 ? 0x7C : 0x7F;              // +Inf / NaN
+      packed[3 * row_bytes + row_bytes - 1] = e5m2 ? 0xFC : 0xFF;  // -Inf / NaN, the last code
+      packed[4 * row_bytes + 40] = e5m2 ? 0x7C : 0x00;             // +Inf and -Inf: NaN
       packed[4 * row_bytes + 200] = e5m2 ? 0xFC : 0x00;
-      packed[5 * row_bytes + 70] = e5m2 ? 0x7E : 0x7F;                // NaN
+      packed[5 * row_bytes + 70] = e5m2 ? 0x7E : 0x7F;  // NaN
     }
     const std::vector<float> wd = as_f32(ms::dequantize(q, DType::float32));
     std::vector<float> xv = randn(static_cast<std::size_t>(4 * K), 12, 1.0f);

@@ -204,7 +204,8 @@ TEST(LargeIndex, CpuNvfp4RowLongerThan2To31) {
     const microscale::Quantized q = microscale::quantize(TensorView(h.data(), DType::float16, {1, count}), spec);
     const auto* p = q.packed.data<std::uint8_t>();
     const auto* s = q.scales.data<std::uint8_t>();
-    return Piece{first, count, std::vector<std::uint8_t>(p, p + count / 2), std::vector<std::uint8_t>(s, s + count / 16)};
+    return Piece{first, count, std::vector<std::uint8_t>(p, p + count / 2),
+                 std::vector<std::uint8_t>(s, s + count / 16)};
   };
   const RowValues want{piece(tile, 0), {piece(head, kHead), piece(tail, kTail)}};
   {
@@ -221,7 +222,7 @@ TEST(LargeIndex, CpuNvfp4RowLongerThan2To31) {
     ADD_FAILURE() << "quantize accepted an Inf with nonfinite='error'";
   } catch (const microscale::Error& e) {
     EXPECT_NE(std::string(e.what()).find("at flat index " + std::to_string(inf_at) + ", index (0, " +
-                                          std::to_string(inf_at) + ")"),
+                                         std::to_string(inf_at) + ")"),
               std::string::npos)
         << e.what();
   }

@@ -52,8 +52,8 @@ QuantSpec spec_for(Mode mode, int group = 0, int bits = 0) {
 struct Oracle {
   std::vector<double> y, budget;
 };
-Oracle oracle(const std::vector<float>& x, const std::vector<float>& w, std::int64_t M, std::int64_t N,
-              std::int64_t K, bool transpose) {
+Oracle oracle(const std::vector<float>& x, const std::vector<float>& w, std::int64_t M, std::int64_t N, std::int64_t K,
+              bool transpose) {
   Oracle o;
   o.y.assign(static_cast<std::size_t>(M * N), 0.0);
   o.budget.assign(static_cast<std::size_t>(M * N), 0.0);
@@ -168,10 +168,10 @@ TEST(QuantizedMatmul, Fp4GemvOddScaleCodes) {
     const std::int64_t groups = K / q.spec.group_size;
     auto* codes = q.scales.data<std::uint8_t>();
     const std::uint8_t nan = mode == Mode::nvfp4 ? 0x7F : 0xFF;
-    codes[1 * groups + 1] = nan;                             // inside the first 128-value block
-    codes[2 * groups + groups - 1] = nan;                    // in the leftover 32-value chunk
-    codes[0] = mode == Mode::nvfp4 ? 0xB5 : 0x00;            // negative E4M3; E8M0's subnormal 2^-127
-    codes[groups - 1] = mode == Mode::nvfp4 ? 0x01 : 0xF8;   // subnormal E4M3; E8M0 2^121
+    codes[1 * groups + 1] = nan;                            // inside the first 128-value block
+    codes[2 * groups + groups - 1] = nan;                   // in the leftover 32-value chunk
+    codes[0] = mode == Mode::nvfp4 ? 0xB5 : 0x00;           // negative E4M3; E8M0's subnormal 2^-127
+    codes[groups - 1] = mode == Mode::nvfp4 ? 0x01 : 0xF8;  // subnormal E4M3; E8M0 2^121
     const auto x = randn(K, 24);
     const auto y = values(ms::quantized_matmul(f32(x, {1, K}), q, true));
     const auto wd = values(ms::dequantize(q, DType::float32));
@@ -301,8 +301,7 @@ TEST(Qqmm, GlobalScalesAreHonoured) {
   std::vector<float> x(static_cast<std::size_t>(K), 1.0f), w(static_cast<std::size_t>(K), 0.3f);
   const auto y = values(ms::qqmm(f32(x, {1, K}), f32(w, {1, K}), nullptr, spec_for(Mode::nvfp4), 1.0f, 0.3f));
   EXPECT_NEAR(y[0], 4096 * 0.3, 4096 * 0.3 * 0.05);
-  EXPECT_THROW(ms::qqmm(f32(x, {1, K}), f32(w, {1, K}), nullptr, spec_for(Mode::nvfp4), 1.0f, std::nullopt),
-               ms::Error);
+  EXPECT_THROW(ms::qqmm(f32(x, {1, K}), f32(w, {1, K}), nullptr, spec_for(Mode::nvfp4), 1.0f, std::nullopt), ms::Error);
   EXPECT_THROW(ms::qqmm(f32(x, {1, K}), f32(w, {1, K}), nullptr, spec_for(Mode::affine)), ms::Error);
   EXPECT_THROW(ms::qqmm(f32(x, {1, 32}), f32(w, {1, K}), nullptr, spec_for(Mode::mxfp8)), ms::Error);
 }
@@ -336,8 +335,8 @@ TEST(GatherQmm, MixtureOfExpertsTop2MatchesLoop) {
           const TensorView pe(q.packed.bytes() + e * N * pb, DType::uint8, {N, pb});
           const TensorView se(q.scales.bytes() + e * N * sb * 4, DType::float32, {N, sb});
           const TensorView be(q.biases.bytes() + e * N * sb * 4, DType::float32, {N, sb});
-          const auto ref = values(ms::quantized_matmul(f32(std::vector<float>(x.begin() + t * K, x.begin() + (t + 1) * K), {1, K}),
-                                                       pe, se, &be, true, q.spec));
+          const auto ref = values(ms::quantized_matmul(
+              f32(std::vector<float>(x.begin() + t * K, x.begin() + (t + 1) * K), {1, K}), pe, se, &be, true, q.spec));
           // Rows routed to one expert run as one matmul, so only the float32 summation order
           // may differ from the per-row loop.
           const auto wd = values(ms::dequantize(pe, se, &be, q.spec, DType::float32));
@@ -356,10 +355,12 @@ TEST(GatherQmm, IndexErrors) {
   const auto x = randn(2 * 32, 20);
   std::vector<std::int32_t> bad = {0, 4};
   const TensorView rhs(bad.data(), DType::int32, {2});
-  EXPECT_THROW(ms::gather_qmm(f32(x, {2, 1, 32}), q.packed.view(), q.scales.view(), nullptr, nullptr, &rhs, true, q.spec),
-               ms::Error);
+  EXPECT_THROW(
+      ms::gather_qmm(f32(x, {2, 1, 32}), q.packed.view(), q.scales.view(), nullptr, nullptr, &rhs, true, q.spec),
+      ms::Error);
   std::vector<float> fidx = {0, 1};
   const TensorView frhs(fidx.data(), DType::float32, {2});
-  EXPECT_THROW(ms::gather_qmm(f32(x, {2, 1, 32}), q.packed.view(), q.scales.view(), nullptr, nullptr, &frhs, true, q.spec),
-               ms::Error);
+  EXPECT_THROW(
+      ms::gather_qmm(f32(x, {2, 1, 32}), q.packed.view(), q.scales.view(), nullptr, nullptr, &frhs, true, q.spec),
+      ms::Error);
 }

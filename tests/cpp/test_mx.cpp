@@ -89,7 +89,9 @@ TEST(Mx, TableFootnotes) {
     // ceil: the block max divided by the scale never exceeds 6, so it is rounded, never clipped.
     for (float v : {4.0f, 6.0f, 6.5f, 7.0f, 8.0f, 12.5f, 13.0f, 100.0f}) {
       EXPECT_GE(ms::decode_e8m0(block_scale(ms::Mode::mxfp4, ms::ScaleRule::ceil, v)) * 6.0f, v) << v;
-      EXPECT_LE(std::fabs(roundtrip(ms::ScaleRule::ceil, v) - v), ms::decode_e8m0(block_scale(ms::Mode::mxfp4, ms::ScaleRule::ceil, v))) << v;
+      EXPECT_LE(std::fabs(roundtrip(ms::ScaleRule::ceil, v) - v),
+                ms::decode_e8m0(block_scale(ms::Mode::mxfp4, ms::ScaleRule::ceil, v)))
+          << v;
     }
   });
 }
@@ -114,9 +116,9 @@ TEST(Mx, CeilPowersOfTwoTimesMax) {
 }
 
 // MLX test vector of FORMATS.md 3 (one mxfp4 block, bamax 7).
-const std::vector<float> kMlxVector = {6,     .25f,  .75f, 1.25f, 1.75f, 2.5f, 3.5f, 5,  -.25f, -.75f, -1.25f,
-                                       -1.75f, -2.5f, -3.5f, -5,   -6,    0,    -0.0f, .2f, .3f,   5.1f,  7,
-                                       -7,    6,     .5f,  1,     1.5f,  2,    3,    4,  .1f,   -.1f};
+const std::vector<float> kMlxVector = {6,      .25f,  .75f,  1.25f, 1.75f, 2.5f, 3.5f,  5,   -.25f, -.75f, -1.25f,
+                                       -1.75f, -2.5f, -3.5f, -5,    -6,    0,    -0.0f, .2f, .3f,   5.1f,  7,
+                                       -7,     6,     .5f,   1,     1.5f,  2,    3,     4,   .1f,   -.1f};
 
 TEST(Mx, MlxTestVectorNearest) {
   for_each_backend([&] {

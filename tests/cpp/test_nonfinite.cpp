@@ -102,7 +102,10 @@ TEST(NonFinite, PropagateIsTheDefault) {
 
 TEST(NonFinite, ErrorNamesTheFirstElement) {
   for_each_backend([&] {
-    struct Case { float bad; const char* cls; };
+    struct Case {
+      float bad;
+      const char* cls;
+    };
     for (const Case& c : {Case{kNaN, "NaN"}, Case{kInf, "+Inf"}, Case{-kInf, "-Inf"}}) {
       for (ms::Mode mode : {ms::Mode::nvfp4, ms::Mode::mxfp4, ms::Mode::mxfp8, ms::Mode::affine}) {
         // Shape [3, 64]; the first non-finite in row-major order is (1, 37), flat 101; a later one
@@ -130,8 +133,8 @@ TEST(NonFinite, ErrorUsesLogicalOrderOfStridedViews) {
     // logical (0, 20) is memory offset 40. In memory the (1, 5) value comes first, but row-major
     // logical order names (0, 20), flat 20.
     std::vector<float> buf(64, 1.0f);
-    buf[5 * 2 + 1] = kInf;  // logical (1, 5)
-    buf[20 * 2 + 0] = kNaN; // logical (0, 20)
+    buf[5 * 2 + 1] = kInf;   // logical (1, 5)
+    buf[20 * 2 + 0] = kNaN;  // logical (0, 20)
     TensorView v(buf.data(), DType::float32, {2, 32}, {1, 2});
     try {
       ms::quantize(v, spec(ms::Mode::mxfp4, ms::NonFinite::error));
@@ -212,7 +215,10 @@ TEST(NonFinite, SaturateMx) {
       EXPECT_EQ(nib(q, 3), 0x0);
       EXPECT_EQ(nib(q, 4), 0x8);
     }
-    const struct { ms::Elem elem; std::uint8_t max; } elems[] = {{ms::Elem::e4m3, 0x7E}, {ms::Elem::e5m2, 0x7B}};
+    const struct {
+      ms::Elem elem;
+      std::uint8_t max;
+    } elems[] = {{ms::Elem::e4m3, 0x7E}, {ms::Elem::e5m2, 0x7B}};
     for (const auto& e : elems) {
       ms::Quantized q = ms::quantize(view(x, {1, 32}), spec(ms::Mode::mxfp8, sat, std::nullopt, e.elem));
       const std::uint8_t* p = q.packed.data<std::uint8_t>();

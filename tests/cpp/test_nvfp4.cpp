@@ -87,9 +87,10 @@ TEST(Nvfp4, TwoLevelByFormula) {
     // Block 0: bamax 6 -> s = rn(6*C6) = 1.0 (0x38); elements are their own E2M1 codes.
     // Block 1: bamax 3 -> s = 0.5 (0x30), x/0.5.
     // Block 2: bamax 7 -> 7/6 = 1.1666 -> E4M3 1.125 (0x39), enc = fl(1/1.125).
-    std::vector<float> x = {6, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5, -0.25f, -0.75f, -1.25f, -1.75f, -2.5f, -3.5f, -5, -6,
-                            3, 0.125f, 0.375f, 0.625f, 0.875f, 1.25f, 1.75f, 2.5f, 0, -0.0f, 0.1f, -0.1f, 1, 2, -3, 1.5f,
-                            7, 1, 2, 3, 4, 5, 6, -7, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f, 1.1f, 1.2f, 1.3f};
+    std::vector<float> x = {6,     0.25f, 0.75f, 1.25f, 1.75f, 2.5f,   3.5f,   5,      -0.25f, -0.75f, -1.25f, -1.75f,
+                            -2.5f, -3.5f, -5,    -6,    3,     0.125f, 0.375f, 0.625f, 0.875f, 1.25f,  1.75f,  2.5f,
+                            0,     -0.0f, 0.1f,  -0.1f, 1,     2,      -3,     1.5f,   7,      1,      2,      3,
+                            4,     5,     6,     -7,    0.5f,  0.6f,   0.7f,   0.8f,   0.9f,   1.1f,   1.2f,   1.3f};
     ms::Quantized q = ms::quantize(view(x, {1, 48}), nvfp4());
     const auto* s = q.scales.data<std::uint8_t>();
     EXPECT_EQ(s[0], 0x38);
@@ -167,15 +168,15 @@ TEST(Nvfp4, ZeroScaleCornerCodes) {
   for_each_backend([&] {
     const float amax = 1.0e6f;  // bamax <= ~amax/458752 = 2.18 gives scale 0
     std::vector<float> x(16, 0.0f);
-    x[0] = 1e-3f;              // * FLT_MAX = 3.4e35 -> +6
-    x[1] = -1e-3f;             // -> -6
-    x[2] = 0.0f;               // -> +0
-    x[3] = -0.0f;              // -> -0 (0x8)
-    x[4] = 1e-38f;             // * FLT_MAX = 3.4 -> idx 5 (3)
-    x[5] = 2e-39f;             // * FLT_MAX = 0.68 -> idx 1 (0.5)
-    x[6] = bits_f(1);          // 2^-149 * FLT_MAX = 4.8e-7 -> 0
-    x[7] = -5e-39f;            // -1.7 -> idx 3 negative (0xB)
-    x[8] = 2.0f;               // bamax 2: 2 * 2688/1e6 / 6 = 8.96e-4 <= 2^-10 -> still scale 0
+    x[0] = 1e-3f;      // * FLT_MAX = 3.4e35 -> +6
+    x[1] = -1e-3f;     // -> -6
+    x[2] = 0.0f;       // -> +0
+    x[3] = -0.0f;      // -> -0 (0x8)
+    x[4] = 1e-38f;     // * FLT_MAX = 3.4 -> idx 5 (3)
+    x[5] = 2e-39f;     // * FLT_MAX = 0.68 -> idx 1 (0.5)
+    x[6] = bits_f(1);  // 2^-149 * FLT_MAX = 4.8e-7 -> 0
+    x[7] = -5e-39f;    // -1.7 -> idx 3 negative (0xB)
+    x[8] = 2.0f;       // bamax 2: 2 * 2688/1e6 / 6 = 8.96e-4 <= 2^-10 -> still scale 0
     ms::Quantized q = ms::quantize(view(x, {1, 16}), nvfp4(amax));
     ASSERT_EQ(q.scales.data<std::uint8_t>()[0], 0x00);
     const int want[9] = {0x7, 0xF, 0x0, 0x8, 0x5, 0x1, 0x0, 0xB, 0x7};

@@ -43,7 +43,12 @@ TEST_P(RandomRoundTrip, FpModesWithinHalfStep) {
     const std::uint64_t seed = GetParam();
     const std::int64_t rows = 16, k = 512;
     const std::vector<float> x = heavy_tailed(static_cast<std::size_t>(rows * k), seed);
-    struct Case { ms::Mode mode; Fmt f; ms::Elem elem; bool three; };
+    struct Case {
+      ms::Mode mode;
+      Fmt f;
+      ms::Elem elem;
+      bool three;
+    };
     const Case cases[] = {{ms::Mode::nvfp4, Fmt::e2m1, ms::Elem::e4m3, false},
                           {ms::Mode::nvfp4, Fmt::e2m1, ms::Elem::e4m3, true},
                           {ms::Mode::mxfp4, Fmt::e2m1, ms::Elem::e4m3, false},
@@ -121,8 +126,8 @@ TEST_P(RandomRoundTrip, AffineWithinHalfStep) {
             // Half a step for every element; the far edge may clip by up to half a step more.
             const std::uint8_t code = unpack_bits(q.packed.data<std::uint8_t>() + (g0 / k) * (k * bits / 8),
                                                   static_cast<std::int64_t>(g0 % k) + i, bits);
-            const double bound = (code == n ? 1.0 : 0.5) * step * (1 + 1e-5) +
-                                 1e-6 * (range + std::max(std::fabs(lo), std::fabs(hi)));
+            const double bound =
+                (code == n ? 1.0 : 0.5) * step * (1 + 1e-5) + 1e-6 * (range + std::max(std::fabs(lo), std::fabs(hi)));
             ASSERT_LE(err, bound) << "bits " << bits << " group " << group << " x " << x[g0 + i] << " y " << y[g0 + i];
           }
         }

@@ -39,7 +39,8 @@ void expect_same(const ms::Quantized& a, const ms::Quantized& b, const std::stri
 
 TEST(Tensor, DTypeNames) {
   for_each_backend([&] {
-    for (DType t : {DType::float32, DType::float16, DType::bfloat16, DType::uint8, DType::uint32, DType::int32, DType::int64})
+    for (DType t :
+         {DType::float32, DType::float16, DType::bfloat16, DType::uint8, DType::uint32, DType::int32, DType::int64})
       EXPECT_EQ(ms::dtype_from_name(ms::dtype_name(t)), t);
     EXPECT_EQ(ms::dtype_size(DType::bfloat16), 2u);
     EXPECT_EQ(ms::dtype_size(DType::int64), 8u);
@@ -146,8 +147,8 @@ TEST(Tensor, MlxUint32PackedWordsDequantizeLikeBytes) {
       const std::vector<std::uint32_t> words = le_words(bytes(q.packed));
       const TensorView wv(words.data(), DType::uint32, {3, 128 * q.spec.bits / 32});
       const TensorView bv = s.mode == ms::Mode::affine ? q.biases.view() : TensorView();
-      Tensor y = ms::dequantize(wv, q.scales.view(), s.mode == ms::Mode::affine ? &bv : nullptr, q.spec,
-                                DType::float32);
+      Tensor y =
+          ms::dequantize(wv, q.scales.view(), s.mode == ms::Mode::affine ? &bv : nullptr, q.spec, DType::float32);
       EXPECT_EQ(y.shape(), (Shape{3, 128})) << ms::name(s.mode);
       EXPECT_EQ(values(y), values(ms::dequantize(q, DType::float32))) << ms::name(s.mode);
     }
@@ -236,7 +237,8 @@ TEST(Tensor, TensorBasics) {
     Tensor t(DType::bfloat16, {3, 4});
     EXPECT_EQ(t.numel(), 12);
     EXPECT_EQ(t.nbytes(), 24u);
-    for (std::uint16_t v : std::vector<std::uint16_t>(t.data<std::uint16_t>(), t.data<std::uint16_t>() + 12)) EXPECT_EQ(v, 0);
+    for (std::uint16_t v : std::vector<std::uint16_t>(t.data<std::uint16_t>(), t.data<std::uint16_t>() + 12))
+      EXPECT_EQ(v, 0);
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.bytes()) % 64, 0u);
     Tensor r = t.reshaped({12});
     EXPECT_EQ(r.shape(), (Shape{12}));

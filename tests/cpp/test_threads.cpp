@@ -112,8 +112,8 @@ void expect_fixed_chunks(std::int64_t n, std::int64_t grain) {
 }  // namespace
 
 TEST(ParallelFor, CoversEveryItemOnceInFixedChunks) {
-  const std::int64_t cases[][2] = {{0, 1}, {1, 1}, {1, 8}, {5, 8}, {8, 8}, {9, 8},
-                                   {100, 7}, {1000, 1}, {4096, 64}, {100003, 3}};
+  const std::int64_t cases[][2] = {{0, 1}, {1, 1},   {1, 8},    {5, 8},     {8, 8},
+                                   {9, 8}, {100, 7}, {1000, 1}, {4096, 64}, {100003, 3}};
   for (int t : {1, 2, 3, 8}) {
     ms::set_num_threads(t);
     for (const auto& c : cases) {

@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(static_cast<int>(i % 17) - 8);
   w[5] = std::nanf("");
   namespace io = microscale::io;
-  io::save_safetensors(dir / "model.safetensors",
-                       {{"model.layers.0.mlp.up_proj.weight", io::StDType::f32, {rows, cols}, std::as_bytes(std::span(w))}});
+  io::save_safetensors(
+      dir / "model.safetensors",
+      {{"model.layers.0.mlp.up_proj.weight", io::StDType::f32, {rows, cols}, std::as_bytes(std::span(w))}});
   return 0;
 }

@@ -107,11 +107,11 @@ inline std::vector<float> corner_data(std::size_t n, int G, DType t, bool nonfin
     for (std::size_t i = b; i < std::min(n, b + static_cast<std::size_t>(G)); ++i) {
       float v = 0.0f;
       switch (kind) {
-        case 0: v = std::ldexp(normal(rng), k); break;                                        // plain
-        case 1: v = std::ldexp(normal(rng) * std::exp(3.0f * normal(rng)), k); break;         // heavy tail
-        case 2: v = uint(0, 3) ? 0.0f * sign() : std::ldexp(normal(rng), k); break;           // mostly zeros
-        case 3: v = std::ldexp(sign() * unit(rng), uint(emin, emin + 20)); break;             // subnormal-ish
-        case 4: v = sign() * std::ldexp(1.0f + unit(rng), emax) * 0.99f; break;               // near max
+        case 0: v = std::ldexp(normal(rng), k); break;                                               // plain
+        case 1: v = std::ldexp(normal(rng) * std::exp(3.0f * normal(rng)), k); break;                // heavy tail
+        case 2: v = uint(0, 3) ? 0.0f * sign() : std::ldexp(normal(rng), k); break;                  // mostly zeros
+        case 3: v = std::ldexp(sign() * unit(rng), uint(emin, emin + 20)); break;                    // subnormal-ish
+        case 4: v = sign() * std::ldexp(1.0f + unit(rng), emax) * 0.99f; break;                      // near max
         case 5: v = i == b ? std::ldexp(sign() * 3.0f, k + 20) : std::ldexp(normal(rng), k); break;  // outlier
         case 6:  // ties: max 6 * 2^k pins an mx/two-level scale, the rest sit on midpoints
           v = i == b ? std::ldexp(6.0f, k) : sign() * std::ldexp(ties[uint(0, 10)], k + uint(-2, 0));

@@ -20,7 +20,8 @@ void expect_matches(const Input& in, const std::string& what) {
   for_each_target([&](const std::string& where) {
     const float got = cpu::amax_finite(in.bytes.data(), in.dtype, n);
     EXPECT_EQ(microscale::f32_bits(got), microscale::f32_bits(amax))
-        << what << " " << microscale::dtype_name(in.dtype) << " n=" << n << " " << where << ": " << got << " vs " << amax;
+        << what << " " << microscale::dtype_name(in.dtype) << " n=" << n << " " << where << ": " << got << " vs "
+        << amax;
     EXPECT_EQ(cpu::find_nonfinite(in.bytes.data(), in.dtype, n), first)
         << what << " " << microscale::dtype_name(in.dtype) << " n=" << n << " " << where;
   });

@@ -48,8 +48,8 @@ void expect_matches(const Quantized& q, const std::string& what) {
       ADD_FAILURE() << what << " " << microscale::name(q.spec.mode) << " -> " << microscale::dtype_name(out) << " "
                     << where << ": element " << e << " got 0x" << std::hex << gv << " want 0x" << wv
                     << " (packed byte 0x" << int{q.packed[static_cast<std::size_t>(e * q.spec.bits / 8)]}
-                    << ", scale byte 0x" << int{q.scales[static_cast<std::size_t>(g) * microscale::dtype_size(q.scale_dtype)]}
-                    << ")";
+                    << ", scale byte 0x"
+                    << int{q.scales[static_cast<std::size_t>(g) * microscale::dtype_size(q.scale_dtype)]} << ")";
     });
   }
 }
@@ -67,7 +67,8 @@ QuantSpec fp_spec(Mode m, Elem e = Elem::e4m3, std::optional<float> global = std
 std::vector<QuantSpec> dequant_specs() {
   std::vector<QuantSpec> out = {fp_spec(Mode::nvfp4), fp_spec(Mode::mxfp4), fp_spec(Mode::mxfp8, Elem::e4m3),
                                 fp_spec(Mode::mxfp8, Elem::e5m2)};
-  for (const float g : {1.0f, 2688.0f, 18.25f, 0.0f, 1e-37f, kFltMax}) out.push_back(fp_spec(Mode::nvfp4, Elem::e4m3, g));
+  for (const float g : {1.0f, 2688.0f, 18.25f, 0.0f, 1e-37f, kFltMax})
+    out.push_back(fp_spec(Mode::nvfp4, Elem::e4m3, g));
   return out;
 }
 
@@ -83,7 +84,8 @@ TEST(CpuDequantize, EveryScaleAndElementCode) {
     const std::int64_t blocks = q.rows * 3;
     q.scales.resize(static_cast<std::size_t>(blocks));
     q.packed.resize(static_cast<std::size_t>(q.rows * q.K * s.bits / 8));
-    for (std::int64_t b = 0; b < blocks; ++b) q.scales[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(b / blocks_per_scale);
+    for (std::int64_t b = 0; b < blocks; ++b)
+      q.scales[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(b / blocks_per_scale);
     for (std::int64_t e = 0; e < q.rows * q.K; ++e) {
       const auto c = static_cast<std::uint8_t>(e % codes);
       if (s.bits == 4)
@@ -106,7 +108,9 @@ TEST(CpuDequantize, RandomCodes) {
         for (auto& b : q.packed) b = static_cast<std::uint8_t>(rng());
         // Mostly plausible scales (E4M3 0..0x7E, E8M0 around 127), some of every byte.
         for (auto& b : q.scales)
-          b = static_cast<std::uint8_t>(rng() % 4 == 0 ? rng() : s.mode == Mode::nvfp4 ? rng() % 0x7F : 100 + rng() % 50);
+          b = static_cast<std::uint8_t>(rng() % 4 == 0          ? rng()
+                                        : s.mode == Mode::nvfp4 ? rng() % 0x7F
+                                                                : 100 + rng() % 50);
         expect_matches(q, "random");
       }
 }
@@ -118,8 +122,8 @@ TEST(CpuDequantize, QuantizedData) {
   for (const std::int64_t rows : {1, 3, 129})
     for (const std::int64_t K : {32, 96, 4096})
       for (const bool nonfinite : {false, true}) {
-        const Input in = make_input(corner_data(static_cast<std::size_t>(rows * K), 16, DType::float32, nonfinite,
-                                                seed++), DType::float32);
+        const Input in = make_input(
+            corner_data(static_cast<std::size_t>(rows * K), 16, DType::float32, nonfinite, seed++), DType::float32);
         for (const NamedSpec& ns : cputest::fp_specs(K, NonFinite::propagate, global_scales_for(in.f32))) {
           Quantized q{rows, K, ns.spec};
           q.packed.resize(static_cast<std::size_t>(rows * K * ns.spec.bits / 8));
@@ -145,8 +149,8 @@ TEST(CpuDequantize, Affine) {
           q.packed.resize(static_cast<std::size_t>(rows * K * ns.spec.bits / 8));
           q.scales.resize(groups * microscale::dtype_size(t));
           q.biases.resize(q.scales.size());
-          ref::quantize(in.f32.data(), rows, K, t, ns.spec, q.packed.data(), reinterpret_cast<std::byte*>(q.scales.data()),
-                        reinterpret_cast<std::byte*>(q.biases.data()));
+          ref::quantize(in.f32.data(), rows, K, t, ns.spec, q.packed.data(),
+                        reinterpret_cast<std::byte*>(q.scales.data()), reinterpret_cast<std::byte*>(q.biases.data()));
           expect_matches(q, ns.name);
         }
 }

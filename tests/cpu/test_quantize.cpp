@@ -45,8 +45,8 @@ QOut run_cpu(const Input& in, std::int64_t rows, std::int64_t K, const QuantSpec
 void expect_matches(const Input& in, std::int64_t rows, std::int64_t K, const NamedSpec& ns, const std::string& what) {
   const QuantSpec& s = ns.spec;
   const QOut want = run_reference(in, rows, K, s);
-  const std::string ctx = what + " " + ns.name + " " + microscale::dtype_name(in.dtype) + " [" +
-                          std::to_string(rows) + "x" + std::to_string(K) + "] ";
+  const std::string ctx = what + " " + ns.name + " " + microscale::dtype_name(in.dtype) + " [" + std::to_string(rows) +
+                          "x" + std::to_string(K) + "] ";
   for_each_target([&](const std::string& where) {
     const QOut got = run_cpu(in, rows, K, s);
     const std::int64_t p = first_diff(got.packed, want.packed);
@@ -78,8 +78,8 @@ struct DataCase {
 };
 std::vector<DataCase> data_cases() {
   std::vector<DataCase> out;
-  for (const Shape2 sh : {Shape2{1, 16}, {3, 16}, {1, 48}, {3, 48}, {129, 48}, {1, 96}, {3, 160}, {129, 96},
-                          {1, 4096}, {3, 4096}})
+  for (const Shape2 sh :
+       {Shape2{1, 16}, {3, 16}, {1, 48}, {3, 48}, {129, 48}, {1, 96}, {3, 160}, {129, 96}, {1, 4096}, {3, 4096}})
     for (const bool nonfinite : {false, true}) out.push_back({sh, nonfinite});
   out.push_back({{129, 4096}, true});
   return out;
@@ -119,11 +119,14 @@ TEST(CpuQuantize, Nvfp4OperationOrderVectors) {
     std::vector<float> block;
   };
   const Case cases[] = {
-      {18.25f, {13.6875f, 1.0f, -2.0f, 0.5f, 3.0f, -13.0f, 7.0f, 0.0f, -0.0f, 1e-3f, 2.5f, 4.0f, 5.0f, 6.0f, 9.0f, 10.0f}},
-      {11.125f, {2.390625f, 0.6953125f, -0.6953125f, 1.0f, 0.0f, 0.25f, 2.0f, 1.5f, 0.1f, -2.390625f, 0.3f, 0.6953125f,
-                 1.2f, 1.7f, 2.2f, 0.0f}},
-      {2688.0f, {2688.0f, 1344.0f, -672.0f, 224.0f, 112.0f, 56.0f, 28.0f, 14.0f, 7.0f, 3.5f, 1.75f, 0.875f, 0.4375f,
-                 0.21875f, 0.109375f, -2688.0f}},
+      {18.25f,
+       {13.6875f, 1.0f, -2.0f, 0.5f, 3.0f, -13.0f, 7.0f, 0.0f, -0.0f, 1e-3f, 2.5f, 4.0f, 5.0f, 6.0f, 9.0f, 10.0f}},
+      {11.125f,
+       {2.390625f, 0.6953125f, -0.6953125f, 1.0f, 0.0f, 0.25f, 2.0f, 1.5f, 0.1f, -2.390625f, 0.3f, 0.6953125f, 1.2f,
+        1.7f, 2.2f, 0.0f}},
+      {2688.0f,
+       {2688.0f, 1344.0f, -672.0f, 224.0f, 112.0f, 56.0f, 28.0f, 14.0f, 7.0f, 3.5f, 1.75f, 0.875f, 0.4375f, 0.21875f,
+        0.109375f, -2688.0f}},
   };
   for (const Case& c : cases) {
     const Input in = make_input(c.block, DType::float32);

@@ -165,20 +165,11 @@ inline QuantSpec spec_for(const Case& c, const Tensor& x) {
   QuantSpec s = c.spec;
   const float amax = microscale::global_scale(x.view());
   switch (c.global) {
-    case Global::none:
-      break;
-    case Global::data:
-      s.global_scale = amax;
-      break;
-    case Global::half:
-      s.global_scale = amax * 0.5f;
-      break;  // below the true amax: saturation
-    case Global::zero:
-      s.global_scale = 0.0f;
-      break;
-    case Global::tiny:
-      s.global_scale = 1e-37f;
-      break;  // S_enc clamps to FLT_MAX
+    case Global::none: break;
+    case Global::data: s.global_scale = amax; break;
+    case Global::half: s.global_scale = amax * 0.5f; break;  // below the true amax: saturation
+    case Global::zero: s.global_scale = 0.0f; break;
+    case Global::tiny: s.global_scale = 1e-37f; break;  // S_enc clamps to FLT_MAX
   }
   return s;
 }

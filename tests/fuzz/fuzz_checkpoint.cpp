@@ -36,22 +36,67 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr std::int64_t kDims[] = {0, 1, 2, 3, 4, 8, 16, 32, 64, 128, 4096,
-                                  (1ll << 31) - 1, 1ll << 31, 1ll << 32, (1ll << 32) + 4, 1ll << 40,
-                                  1ll << 43, 1ll << 58, 1ll << 60, 1ll << 61, 1ll << 62,
+constexpr std::int64_t kDims[] = {0,
+                                  1,
+                                  2,
+                                  3,
+                                  4,
+                                  8,
+                                  16,
+                                  32,
+                                  64,
+                                  128,
+                                  4096,
+                                  (1ll << 31) - 1,
+                                  1ll << 31,
+                                  1ll << 32,
+                                  (1ll << 32) + 4,
+                                  1ll << 40,
+                                  1ll << 43,
+                                  1ll << 58,
+                                  1ll << 60,
+                                  1ll << 61,
+                                  1ll << 62,
                                   0x7fffffffffffffffll};
-constexpr std::int64_t kConfigInts[] = {0, 2, 3, 4, 5, 6, 8, 16, 32, 64, 128, -1, -4, 1, 7, 9, 256,
-                                        (1ll << 32) + 4, (1ll << 32) + 32, 1ll << 40, 0x7fffffffffffffffll};
+constexpr std::int64_t kConfigInts[] = {0,
+                                        2,
+                                        3,
+                                        4,
+                                        5,
+                                        6,
+                                        8,
+                                        16,
+                                        32,
+                                        64,
+                                        128,
+                                        -1,
+                                        -4,
+                                        1,
+                                        7,
+                                        9,
+                                        256,
+                                        (1ll << 32) + 4,
+                                        (1ll << 32) + 32,
+                                        1ll << 40,
+                                        0x7fffffffffffffffll};
 const char* const kModes[] = {nullptr, "affine", "nvfp4", "mxfp4", "mxfp8", "bogus"};
 const char* const kModules[] = {"m", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
-                                "model.layers.0.mlp.gate_proj", "lm_head", "model.embed_tokens",
-                                "model.norm", "x",
+                                "model.layers.0.mlp.gate_proj", "lm_head", "model.embed_tokens", "model.norm", "x",
                                 // hostile: empty, dots, glob characters, non-ASCII, a control byte
                                 "", ".", "a..b", "layers.*.q_proj", "\xc3\xa9.q_proj", "m\n", "__metadata__"};
-const char* const kSuffixes[] = {".weight", ".weight_packed", ".weight_scale", ".weight_global_scale",
-                                 ".weight_scale_2", ".input_scale", ".input_global_scale", ".scales",
-                                 ".biases", ".weight_zero_point", ".bias", ""};
-constexpr StDType kLikely[] = {StDType::u8,  StDType::u32, StDType::f8_e4m3, StDType::f16,
+const char* const kSuffixes[] = {".weight",
+                                 ".weight_packed",
+                                 ".weight_scale",
+                                 ".weight_global_scale",
+                                 ".weight_scale_2",
+                                 ".input_scale",
+                                 ".input_global_scale",
+                                 ".scales",
+                                 ".biases",
+                                 ".weight_zero_point",
+                                 ".bias",
+                                 ""};
+constexpr StDType kLikely[] = {StDType::u8,   StDType::u32, StDType::f8_e4m3, StDType::f16,
                                StDType::bf16, StDType::f32, StDType::f8_e8m0, StDType::u8};
 constexpr std::uint64_t kMaxTensorBytes = 1 << 16;
 
@@ -242,9 +287,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     for (const TensorSpec& t : tensors) wm[t.name] = files[t.shard];
     switch ((flags >> 4) & 3) {  // an index that disagrees with its shards
-      case 1: if (!tensors.empty()) wm.erase(tensors[0].name); break;
+      case 1:
+        if (!tensors.empty()) wm.erase(tensors[0].name);
+        break;
       case 2: wm["ghost.weight"] = files[1]; break;
-      case 3: if (!tensors.empty()) wm[tensors[0].name] = files[1 - tensors[0].shard]; break;
+      case 3:
+        if (!tensors.empty()) wm[tensors[0].name] = files[1 - tensors[0].shard];
+        break;
       default: break;
     }
     write_file(model / "model.safetensors.index.json", Json{{"metadata", Json::object()}, {"weight_map", wm}}.dump());
@@ -267,7 +316,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     try {  // what convert writes must load back
       check_loaded(load_checkpoint(out / "cv"));
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "invariant violated: checkpoint converted to %s does not load back: %s\n", name(to), e.what());
+      std::fprintf(stderr, "invariant violated: checkpoint converted to %s does not load back: %s\n", name(to),
+                   e.what());
       std::abort();
     }
   }

@@ -55,7 +55,8 @@ void check_parsed(const SafetensorsFile& f, const std::uint8_t* data, std::size_
   // Round trip through the writer's header builder.
   std::string header = detail::build_header(entries, f.metadata(), "fuzz-rewrite");
   std::vector<std::byte> again(8 + header.size() + expect);
-  for (int i = 0; i < 8; ++i) again[static_cast<std::size_t>(i)] = static_cast<std::byte>((header.size() >> (8 * i)) & 0xFF);
+  for (int i = 0; i < 8; ++i)
+    again[static_cast<std::size_t>(i)] = static_cast<std::byte>((header.size() >> (8 * i)) & 0xFF);
   std::memcpy(again.data() + 8, header.data(), header.size());
   if (expect) std::memcpy(again.data() + 8 + header.size(), area, expect);
   SafetensorsFile g = SafetensorsFile::open_memory(again.data(), again.size(), "fuzz-rewrite");

@@ -34,8 +34,7 @@ std::string hex(std::span<const std::byte> b) {
 
 std::vector<std::byte> unhex(const std::string& s) {
   std::vector<std::byte> b(s.size() / 2);
-  for (std::size_t i = 0; i < b.size(); ++i)
-    b[i] = static_cast<std::byte>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
   return b;
 }
 
@@ -77,7 +76,8 @@ int run(int argc, char** argv) {
     for (std::size_t i = 0; i < entries.size(); ++i) {
       std::span<const std::byte> s(data[i]);
       w.write(entries[i].name, s.subspan(0, 0));
-      for (std::size_t o = 0; o < s.size(); o += 5) w.write(entries[i].name, s.subspan(o, std::min<std::size_t>(5, s.size() - o)));
+      for (std::size_t o = 0; o < s.size(); o += 5)
+        w.write(entries[i].name, s.subspan(o, std::min<std::size_t>(5, s.size() - o)));
     }
     w.finish();
     return 0;

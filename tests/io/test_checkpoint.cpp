@@ -23,7 +23,8 @@ struct Sharded {
       for (std::size_t k = 0; k < 2; ++k) {
         std::string name = "layers." + std::to_string(s) + ".w" + std::to_string(k);
         data[name] = pattern(16 * (k + 1), static_cast<unsigned>(s * 2 + k));
-        ts.push_back({name, k ? StDType::bf16 : StDType::f32, {k ? 8 : 4, static_cast<std::int64_t>(k + 1)}, data[name]});
+        ts.push_back(
+            {name, k ? StDType::bf16 : StDType::f32, {k ? 8 : 4, static_cast<std::int64_t>(k + 1)}, data[name]});
       }
       shards.push_back(dir / shard_file_name(s, 3));
       save_safetensors(shards.back(), ts, {{"format", "pt"}});
@@ -166,7 +167,8 @@ TEST(Checkpoint, SingleFile) {
     EXPECT_NO_THROW(c.validate());
   }
   fs::remove(dir / "model.safetensors");
-  expect_error([&] { (void)Checkpoint::open(dir.path()); }, {"neither model.safetensors.index.json nor model.safetensors"});
+  expect_error([&] { (void)Checkpoint::open(dir.path()); },
+               {"neither model.safetensors.index.json nor model.safetensors"});
 }
 
 TEST(Checkpoint, WriteIndexErrors) {
@@ -175,11 +177,18 @@ TEST(Checkpoint, WriteIndexErrors) {
   save_safetensors(dir / "s1.safetensors", {{"x", StDType::u8, {4}, d}});
   save_safetensors(dir / "s2.safetensors", {{"x", StDType::u8, {4}, d}});
   const fs::path idx = dir / "model.safetensors.index.json";
-  expect_error([&] { write_index(idx, {dir / "s1.safetensors", dir / "s2.safetensors"}); },
-               {"tensor \"x\" is in both \"s1.safetensors\" and \"s2.safetensors\""});
+  expect_error(
+      [&] {
+        write_index(idx, {dir / "s1.safetensors", dir / "s2.safetensors"});
+      },
+      {"tensor \"x\" is in both \"s1.safetensors\" and \"s2.safetensors\""});
   expect_error([&] { write_index(idx, {dir / "nope.safetensors"}); }, {"nope.safetensors", "cannot open"});
   expect_error([&] { write_index(idx, {fs::path("/tmp/elsewhere.safetensors")}); }, {"not inside the index directory"});
-  expect_error([&] { write_index(idx, {dir / "s1.safetensors"}, {{"total_size", "1"}}); }, {"cannot override total_size"});
+  expect_error(
+      [&] {
+        write_index(idx, {dir / "s1.safetensors"}, {{"total_size", "1"}});
+      },
+      {"cannot override total_size"});
   EXPECT_FALSE(fs::exists(idx));
   EXPECT_EQ(dir.list(), (std::vector<std::string>{"s1.safetensors", "s2.safetensors"}));  // no temp files
 }

@@ -177,8 +177,9 @@ TEST(Convert, ModelOptAndMlxLayouts) {
   EXPECT_EQ(hf["quantization"]["group_size"], 16);
   EXPECT_EQ(read_json(m.dir.path() / "mo" / "config.json")["quantization_config"]["quant_method"], "modelopt");
 
-  for (auto [mode, bits, scale_dt] : {std::tuple{Mode::affine, 4, StDType::bf16}, std::tuple{Mode::mxfp8, 0, StDType::u8},
-                                      std::tuple{Mode::nvfp4, 0, StDType::u8}}) {
+  for (auto [mode, bits, scale_dt] :
+       {std::tuple{Mode::affine, 4, StDType::bf16}, std::tuple{Mode::mxfp8, 0, StDType::u8},
+        std::tuple{Mode::nvfp4, 0, StDType::u8}}) {
     const fs::path dst = m.dir.path() / ("mlx_" + std::string(name(mode)));
     quantize_checkpoint(m.in, dst, qopt(mode, Convention::mlx, bits));
     Checkpoint x = Checkpoint::open(dst);
@@ -232,7 +233,8 @@ TEST(Convert, BytesPreservedAcrossLayouts) {
   }
   // Three-level nvfp4 has no MLX layout: refused before anything is written.
   co.to = Convention::mlx;
-  expect_error([&] { convert_checkpoint(m.dir.path() / "ct", m.dir.path() / "mlx", co); }, {"two-level", "Re-quantize"});
+  expect_error([&] { convert_checkpoint(m.dir.path() / "ct", m.dir.path() / "mlx", co); },
+               {"two-level", "Re-quantize"});
   EXPECT_FALSE(fs::exists(m.dir.path() / "mlx"));
 
   // MLX two-level nvfp4 converts to CT with global scale 1 (decode factor 1), same bytes.
@@ -245,7 +247,8 @@ TEST(Convert, BytesPreservedAcrossLayouts) {
   EXPECT_EQ(to_bytes(x.tensor(kQ + ".scales").data), to_bytes(y.tensor(kQ + ".weight_scale").data));
   // Affine has no compressed-tensors layout.
   quantize_checkpoint(m.in, m.dir.path() / "aff", qopt(Mode::affine, Convention::mlx, 8));
-  expect_error([&] { convert_checkpoint(m.dir.path() / "aff", m.dir.path() / "aff_ct", co); }, {"compressed-tensors has no layout"});
+  expect_error([&] { convert_checkpoint(m.dir.path() / "aff", m.dir.path() / "aff_ct", co); },
+               {"compressed-tensors has no layout"});
 }
 
 TEST(Convert, FusedScalesNeverMergedSilently) {
@@ -257,12 +260,14 @@ TEST(Convert, FusedScalesNeverMergedSilently) {
   EXPECT_NE(f32_at(s.tensor(kQ + ".weight_global_scale")),
             f32_at(s.tensor("model.layers.0.self_attn.k_proj.weight_global_scale")));
   const InspectResult ir = inspect_checkpoint(m.dir.path() / "sep", false);
-  EXPECT_TRUE(std::any_of(ir.notes.begin(), ir.notes.end(), [](auto& n) { return n.find("differing global") != std::string::npos; }));
+  EXPECT_TRUE(std::any_of(ir.notes.begin(), ir.notes.end(),
+                          [](auto& n) { return n.find("differing global") != std::string::npos; }));
 
   ConvertOptions co;
   co.to = Convention::modelopt;
   const Report kept = convert_checkpoint(m.dir.path() / "sep", m.dir.path() / "kept", co);
-  EXPECT_TRUE(std::any_of(kept.notes.begin(), kept.notes.end(), [](auto& n) { return n.find("kept per shard") != std::string::npos; }));
+  EXPECT_TRUE(std::any_of(kept.notes.begin(), kept.notes.end(),
+                          [](auto& n) { return n.find("kept per shard") != std::string::npos; }));
   co.unify_fused_scales = true;
   convert_checkpoint(m.dir.path() / "sep", m.dir.path() / "unified", co);
   Checkpoint u = Checkpoint::open(m.dir.path() / "unified");
@@ -286,7 +291,8 @@ TEST(Convert, SelectionActivationsAndForce) {
   const Json cfg = read_json(m.dir.path() / "a" / "config.json");
   EXPECT_EQ(cfg["quantization_config"]["format"], "mxfp4-pack-quantized");
   EXPECT_EQ(cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"], "group");
-  EXPECT_EQ(cfg["quantization_config"]["ignore"], Json::array({"model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"}));
+  EXPECT_EQ(cfg["quantization_config"]["ignore"],
+            Json::array({"model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"}));
   // compressed-tensors mxfp4 uses llm-compressor's 'even' E8M0 rule.
   QuantSpec even;
   even.mode = Mode::mxfp4;
@@ -310,8 +316,9 @@ TEST(Convert, SelectionActivationsAndForce) {
   quantize_checkpoint(m.in, m.dir.path() / "w4a4", w);
   Checkpoint a = Checkpoint::open(m.dir.path() / "w4a4");
   EXPECT_EQ(f32_at(a.tensor(kQ + ".input_global_scale")), 2688.0f / 3.5f);
-  EXPECT_EQ(read_json(m.dir.path() / "w4a4" / "config.json")["quantization_config"]["config_groups"]["group_0"]
-                     ["input_activations"]["dynamic"], "local");
+  EXPECT_EQ(read_json(m.dir.path() / "w4a4" /
+                      "config.json")["quantization_config"]["config_groups"]["group_0"]["input_activations"]["dynamic"],
+            "local");
   ConvertOptions co;
   co.to = Convention::modelopt;
   convert_checkpoint(m.dir.path() / "w4a4", m.dir.path() / "w4a4_mo", co);
@@ -341,7 +348,8 @@ TEST(Convert, StoppedOverwriteLeavesTheOldOutput) {
   };
   expect_error([&] { quantize_checkpoint(m.in, out, o); }, {"stop"});
   EXPECT_EQ(snapshot(out), old);
-  for (const auto& e : fs::directory_iterator(m.dir.path())) EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  for (const auto& e : fs::directory_iterator(m.dir.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
   // The same run completed replaces the checkpoint files and keeps the user's own.
   o.progress = {};
   quantize_checkpoint(m.in, out, o);
@@ -446,7 +454,8 @@ TEST(Convert, EveryUnquantizedWeightIsReportedAndIgnored) {
     ASSERT_NE(t, nullptr) << n;
     EXPECT_EQ(t->action, "kept") << n;
     EXPECT_NE(t->reason.find(std::string(n).find("experts") != std::string::npos ? "3-D stacked experts" : "dtype F64"),
-              std::string::npos) << t->reason;
+              std::string::npos)
+        << t->reason;
   }
   EXPECT_EQ(find_report(r, p + "self_attn.o_proj.bias")->action, "copied");
   EXPECT_EQ(find_report(r, p + "self_attn.k_proj")->action, "quantized");
@@ -533,7 +542,8 @@ TEST(Convert, Gpt2Conv1DWeightsAreRefused) {
   // GPT-BigCode uses the same names for Linear layers ([out, in]): quantized.
   TinyModel bigcode;
   model(bigcode, R"({"model_type": "gpt_bigcode"})");
-  const Report r = quantize_checkpoint(bigcode.in, bigcode.dir / "o", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  const Report r =
+      quantize_checkpoint(bigcode.in, bigcode.dir / "o", qopt(Mode::nvfp4, Convention::compressed_tensors));
   EXPECT_EQ(find_report(r, "transformer.h.0.attn.c_attn")->action, "quantized");
 }
 
@@ -566,7 +576,9 @@ TEST(Convert, DamagedInputsGiveClearErrors) {
   Model m;
   const fs::path shard = m.in / shard_file_name(1, 2);
   Bytes good = read_bytes(shard);
-  auto quant = [&](const char* dst) { quantize_checkpoint(m.in, m.dir.path() / dst, qopt(Mode::nvfp4, Convention::mlx)); };
+  auto quant = [&](const char* dst) {
+    quantize_checkpoint(m.in, m.dir.path() / dst, qopt(Mode::nvfp4, Convention::mlx));
+  };
   // Truncated data area.
   write_bytes(shard, Bytes(good.begin(), good.end() - 100));
   expect_error([&] { quant("t"); }, {shard.string()});
@@ -596,7 +608,8 @@ TEST(Convert, DamagedInputsGiveClearErrors) {
   fs::create_directories(m.dir.path() / "broken");
   save_safetensors(m.dir.path() / "broken" / "model.safetensors", t);
   expect_error([&] { (void)inspect_checkpoint(m.dir.path() / "broken"); }, {"x", "weight_global_scale"});
-  expect_error([&] { dequantize_checkpoint(m.in, m.dir.path() / "none", DequantizeOptions()); }, {"no quantized layers"});
+  expect_error([&] { dequantize_checkpoint(m.in, m.dir.path() / "none", DequantizeOptions()); },
+               {"no quantized layers"});
 }
 
 // save_checkpoint takes layers built by the caller: shapes are bounded before any arithmetic, and

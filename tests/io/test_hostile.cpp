@@ -15,8 +15,7 @@ std::string one(const std::string& dtype, const std::string& shape, const std::s
 
 Bytes small_valid_file(const TempDir& dir) {
   Bytes a = pattern(12), b = pattern(3);
-  save_safetensors(dir / "valid.safetensors", {{"a", StDType::f32, {3}, a}, {"b", StDType::u8, {3}, b}},
-                   {{"k", "v"}});
+  save_safetensors(dir / "valid.safetensors", {{"a", StDType::f32, {3}, a}, {"b", StDType::u8, {3}, b}}, {{"k", "v"}});
   return read_bytes(dir / "valid.safetensors");
 }
 
@@ -98,7 +97,8 @@ TEST(Hostile, Entries) {
   expect_rejected(dir, raw_file(R"({"t":{"dtype":"F32","shape":[1]}})", d4), {"has no \"data_offsets\""});
   expect_rejected(dir, raw_file(one("F33", "[1]", "[0,4]"), d4), {"unknown dtype \"F33\""});
   expect_rejected(dir, raw_file(one("f32", "[1]", "[0,4]"), d4), {"unknown dtype \"f32\""});
-  expect_rejected(dir, raw_file(R"({"t":{"dtype":32,"shape":[1],"data_offsets":[0,4]}})", d4), {"dtype is not a string"});
+  expect_rejected(dir, raw_file(R"({"t":{"dtype":32,"shape":[1],"data_offsets":[0,4]}})", d4),
+                  {"dtype is not a string"});
   expect_rejected(dir, raw_file(one("F32", "4", "[0,4]"), d4), {"shape is not an array"});
   expect_rejected(dir, raw_file(one("F32", "[\"4\"]", "[0,4]"), d4), {"dimension \"4\" is not an integer"});
   expect_rejected(dir, raw_file(one("F32", "[1.0]", "[0,4]"), d4), {"dimension 1.0 is not an integer"});
@@ -142,7 +142,8 @@ TEST(Hostile, OverlapsHolesTrailing) {
   TempDir dir;
   Bytes d8 = pattern(8);
   auto two = [](const std::string& a, const std::string& b) {
-    return R"({"a":{"dtype":"U8","shape":[4],"data_offsets":)" + a + R"(},"b":{"dtype":"U8","shape":[4],"data_offsets":)" + b + "}}";
+    return R"({"a":{"dtype":"U8","shape":[4],"data_offsets":)" + a +
+           R"(},"b":{"dtype":"U8","shape":[4],"data_offsets":)" + b + "}}";
   };
   expect_rejected(dir, raw_file(two("[0,4]", "[2,6]"), d8), {"tensor \"b\" at bytes [2, 6) overlaps tensor \"a\""});
   expect_rejected(dir, raw_file(two("[0,4]", "[0,4]"), pattern(4)), {"overlaps"});
@@ -152,7 +153,8 @@ TEST(Hostile, OverlapsHolesTrailing) {
   expect_rejected(dir, raw_file("{}", pattern(3)), {"3 trailing bytes"});
   expect_rejected(dir, raw_file(R"({"__metadata__":{}})", pattern(1)), {"1 trailing bytes"});
   // A zero-length tensor inside another one is an overlap too; at a boundary it is fine.
-  const std::string z = R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"z":{"dtype":"U8","shape":[0],"data_offsets":)";
+  const std::string z =
+      R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"z":{"dtype":"U8","shape":[0],"data_offsets":)";
   expect_rejected(dir, raw_file(z + "[4,4]}}", d8), {"tensor \"z\"", "overlaps tensor \"a\""});
   Bytes ok = raw_file(z + "[8,8]}}", d8);
   EXPECT_EQ(SafetensorsFile::open_memory(ok.data(), ok.size()).names(), (std::vector<std::string>{"a", "z"}));
@@ -160,7 +162,8 @@ TEST(Hostile, OverlapsHolesTrailing) {
 
 TEST(Hostile, Metadata) {
   TempDir dir;
-  expect_rejected(dir, raw_file(R"({"__metadata__":{"a":"x","n":1}})"), {"__metadata__ value of \"n\" is not a string (number)"});
+  expect_rejected(dir, raw_file(R"({"__metadata__":{"a":"x","n":1}})"),
+                  {"__metadata__ value of \"n\" is not a string (number)"});
   expect_rejected(dir, raw_file(R"({"__metadata__":{"a":null}})"), {"value of \"a\" is not a string (null)"});
   expect_rejected(dir, raw_file(R"({"__metadata__":{"a":{"b":"c"}}})"), {"not a string (object)"});
   expect_rejected(dir, raw_file(R"({"__metadata__":["a"]})"), {"__metadata__ is not an object"});
@@ -170,8 +173,10 @@ TEST(Hostile, Metadata) {
 TEST(Hostile, DuplicateNames) {
   TempDir dir;
   Bytes d8 = pattern(8);
-  expect_rejected(dir, raw_file(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
-                                R"("a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", d8),
+  expect_rejected(dir,
+                  raw_file(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                           R"("a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+                           d8),
                   {"header has duplicate key \"a\""});
   expect_rejected(dir, raw_file(R"({"__metadata__":{},"__metadata__":{}})"), {"duplicate key \"__metadata__\""});
   expect_rejected(dir, raw_file(R"({"__metadata__":{"k":"1","k":"2"}})"), {"duplicate key \"k\""});

@@ -17,8 +17,8 @@ using namespace microscale::io;
 using namespace iot;
 
 // One tensor entry of a hand-written header (the data offsets are the caller's business).
-std::string entry(const std::string& name, const std::string& dtype, const std::string& shape,
-                  std::uint64_t begin = 0, std::uint64_t end = 0) {
+std::string entry(const std::string& name, const std::string& dtype, const std::string& shape, std::uint64_t begin = 0,
+                  std::uint64_t end = 0) {
   return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape + ",\"data_offsets\":[" +
          std::to_string(begin) + "," + std::to_string(end) + "]}";
 }
@@ -82,8 +82,9 @@ TEST(HostileCheckpoint, MlxConfigBitsAndGroupOutOfRange) {
                     {"layer \"m\"", "bits -4"});
   expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": 4294967300}})", w),
                     {"layer \"m\"", "bits 4294967300"});
-  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 4294967328, "bits": 4, "mode": "mxfp4"}})",
-                                     entry("m.weight", "U32", "[0,8]") + "," + entry("m.scales", "U8", "[0,2]")),
+  expect_all_refuse(dir,
+                    write_model(dir, R"({"quantization": {"group_size": 4294967328, "bits": 4, "mode": "mxfp4"}})",
+                                entry("m.weight", "U32", "[0,8]") + "," + entry("m.scales", "U8", "[0,2]")),
                     {"layer \"m\"", "group_size 4294967328"});
 }
 
@@ -95,11 +96,11 @@ TEST(HostileCheckpoint, MlxPackedWidthOverflow) {
                                 entry("m.weight", "U32", "[0,4611686018427387904]") + "," +
                                     entry("m.scales", "F16", "[0,1]") + "," + entry("m.biases", "F16", "[0,1]")),
                     {"layer \"m\"", "[0, 4611686018427387904]", "overflow"});
-  expect_all_refuse(dir,
-                    write_model(dir, "{}",
-                                entry("m.weight", "U32", "[0,4611686018427387904]") + "," +
-                                    entry("m.scales", "U8", "[0,1]")),
-                    {"layer \"m\"", "overflow"});
+  expect_all_refuse(
+      dir,
+      write_model(dir, "{}",
+                  entry("m.weight", "U32", "[0,4611686018427387904]") + "," + entry("m.scales", "U8", "[0,1]")),
+      {"layer \"m\"", "overflow"});
 }
 
 TEST(HostileCheckpoint, PackedWidthOverflowCompressedTensorsAndModelOpt) {
@@ -115,13 +116,13 @@ TEST(HostileCheckpoint, PackedWidthOverflowCompressedTensorsAndModelOpt) {
                                     entry("m.weight_global_scale", "F32", "[1]", 0, 4),
                                 g),
                     {"layer \"m\"", "[0, 4611686018427387904]", "overflow"});
-  expect_all_refuse(dir,
-                    write_model(dir, "{}",
-                                entry("m.weight", "U8", "[0,4611686018427387904]") + "," +
-                                    entry("m.weight_scale", "F8_E4M3", "[0,1]") + "," +
-                                    entry("m.weight_scale_2", "F32", "[]", 0, 4),
-                                g),
-                    {"layer \"m\"", "[0, 4611686018427387904]", "overflow"});
+  expect_all_refuse(
+      dir,
+      write_model(dir, "{}",
+                  entry("m.weight", "U8", "[0,4611686018427387904]") + "," +
+                      entry("m.weight_scale", "F8_E4M3", "[0,1]") + "," + entry("m.weight_scale_2", "F32", "[]", 0, 4),
+                  g),
+      {"layer \"m\"", "[0, 4611686018427387904]", "overflow"});
 }
 
 Bytes f32(float v) {
@@ -137,21 +138,22 @@ TEST(HostileCheckpoint, GlobalScalesWhoseAmaxIsNotFinite) {
   for (std::size_t i = 32; i < 36; ++i) d[i] = std::byte{0x38};  // E4M3 1.0 block scales
   Bytes ct = d, tiny = f32(1e-40f);
   ct.insert(ct.end(), tiny.begin(), tiny.end());
-  const std::string layer = entry("m.weight_packed", "U8", "[4,8]", 0, 32) + "," +
-                            entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) + ",";
+  const std::string layer =
+      entry("m.weight_packed", "U8", "[4,8]", 0, 32) + "," + entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) + ",";
   expect_all_refuse(dir, write_model(dir, "{}", layer + entry("m.weight_global_scale", "F32", "[1]", 36, 40), ct),
                     {"layer \"m\"", "invalid global scale"});
   // A NaN activation scale was never looked at.
   Bytes mo = d, one = f32(1.0f), nan = f32(std::nanf(""));
   mo.insert(mo.end(), one.begin(), one.end());
   mo.insert(mo.end(), nan.begin(), nan.end());
-  expect_all_refuse(dir,
-                    write_model(dir, "{}",
-                                entry("m.weight", "U8", "[4,8]", 0, 32) + "," + entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) +
-                                    "," + entry("m.weight_scale_2", "F32", "[]", 36, 40) + "," +
-                                    entry("m.input_scale", "F32", "[]", 40, 44),
-                                mo),
-                    {"layer \"m\"", "invalid activation scale"});
+  expect_all_refuse(
+      dir,
+      write_model(dir, "{}",
+                  entry("m.weight", "U8", "[4,8]", 0, 32) + "," + entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) +
+                      "," + entry("m.weight_scale_2", "F32", "[]", 36, 40) + "," +
+                      entry("m.input_scale", "F32", "[]", 40, 44),
+                  mo),
+      {"layer \"m\"", "invalid activation scale"});
 }
 
 TEST(HostileCheckpoint, TensorsNamedLikeAnotherLayoutsPartOfALayerAreRefused) {
@@ -202,9 +204,10 @@ TEST(HostileCheckpoint, TensorsNamedLikeAnotherLayoutsPartOfALayerAreRefused) {
 TEST(HostileCheckpoint, HugeEmptyLayersStillWork) {
   // Wide but empty layers within range are not errors: zero rows hold no data.
   TempDir dir;
-  const fs::path m = write_model(dir, kMlxAffine4,
-                                 entry("m.weight", "U32", "[0,1048576]") + "," + entry("m.scales", "F16", "[0,131072]") +
-                                     "," + entry("m.biases", "F16", "[0,131072]"));
+  const fs::path m =
+      write_model(dir, kMlxAffine4,
+                  entry("m.weight", "U32", "[0,1048576]") + "," + entry("m.scales", "F16", "[0,131072]") + "," +
+                      entry("m.biases", "F16", "[0,131072]"));
   const CheckpointData d = load_checkpoint(m);
   ASSERT_EQ(d.layers.size(), 1u);
   EXPECT_EQ(d.layers[0].weight.shape, (Shape{0, 8388608}));
@@ -219,7 +222,8 @@ fs::path sharded_model(const TempDir& dir, const std::string& weight_map) {
   fs::create_directories(m);
   write_bytes(m / "config.json", bytes_of("{}"));
   const Bytes d = pattern(4 * 32 * 4);
-  save_safetensors(m / "s1.safetensors", {{"l.a.weight", StDType::f32, {4, 32}, d}, {"l.b.weight", StDType::f32, {4, 32}, d}});
+  save_safetensors(m / "s1.safetensors",
+                   {{"l.a.weight", StDType::f32, {4, 32}, d}, {"l.b.weight", StDType::f32, {4, 32}, d}});
   save_safetensors(m / "s2.safetensors", {{"l.c.weight", StDType::f32, {4, 32}, d}});
   write_bytes(m / "model.safetensors.index.json", bytes_of(R"({"metadata":{},"weight_map":{)" + weight_map + "}}"));
   return m;
@@ -243,11 +247,13 @@ TEST(HostileCheckpoint, ShardTensorMissingFromIndexIsRefused) {
 TEST(HostileCheckpoint, IndexTensorMissingFromShardIsRefused) {
   TempDir dir;
   const fs::path m = sharded_model(
-      dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors","l.d.weight":"s2.safetensors")");
+      dir,
+      R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors","l.d.weight":"s2.safetensors")");
   expect_all_refuse(dir, m, {"s2.safetensors", "does not contain tensor \"l.d.weight\""});
   expect_quantize_refuses(dir, m, {"s2.safetensors", "\"l.d.weight\""});
   // The consistent index works.
-  const fs::path ok = sharded_model(dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
+  const fs::path ok = sharded_model(
+      dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
   EXPECT_EQ(inspect_checkpoint(ok).rows.size(), 3u);
 }
 
@@ -255,9 +261,11 @@ TEST(HostileCheckpoint, IndexTensorMissingFromShardIsRefused) {
 
 TEST(HostileCheckpoint, WrongPathsSayWhatIsExpected) {
   TempDir dir;
-  const fs::path m = sharded_model(dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
+  const fs::path m = sharded_model(
+      dir, R"("l.a.weight":"s1.safetensors","l.b.weight":"s1.safetensors","l.c.weight":"s2.safetensors")");
   expect_error([&] { (void)inspect_checkpoint(""); }, {"no model path given", "expected a model directory"});
-  expect_error([&] { (void)load_checkpoint(dir / "nope"); }, {"nope: no such file or directory", "expected a model directory"});
+  expect_error([&] { (void)load_checkpoint(dir / "nope"); },
+               {"nope: no such file or directory", "expected a model directory"});
   expect_error([&] { (void)inspect_checkpoint(m / "config.json"); },
                {"config.json is the model's configuration, not its weights", "pass the directory"});
   write_bytes(dir / "other.json", bytes_of(R"({"a":1})"));
@@ -277,7 +285,8 @@ TEST(HostileCheckpoint, NonRegularFilesAreRefusedByName) {
   TempDir dir;
   const fs::path m = dir / "model";
   fs::create_directories(m / "model.safetensors");
-  expect_error([&] { (void)inspect_checkpoint(m); }, {(m / "model.safetensors").string(), "is a directory, not a regular file"});
+  expect_error([&] { (void)inspect_checkpoint(m); },
+               {(m / "model.safetensors").string(), "is a directory, not a regular file"});
   expect_error([&] { (void)SafetensorsFile::open("/dev/null"); }, {"/dev/null: is a device"});
   expect_error([&] { (void)inspect_checkpoint("/dev/null"); }, {"/dev/null: is a device"});
 }
@@ -300,7 +309,8 @@ TEST(HostileCheckpointDeathTest, FifosAreRefusedNotWaitedOn) {
   EXPECT_EXIT(
       {
         ::alarm(20);
-        expect_error([&] { (void)SafetensorsFile::open(f); }, {f.string(), "is a FIFO (named pipe), not a regular file"});
+        expect_error([&] { (void)SafetensorsFile::open(f); },
+                     {f.string(), "is a FIFO (named pipe), not a regular file"});
         expect_error([&] { (void)Checkpoint::open(m); }, {f.string(), "FIFO"});
         expect_error([&] { (void)inspect_checkpoint(m); }, {f.string(), "FIFO"});
         expect_error([&] { (void)load_checkpoint(f); }, {f.string(), "FIFO"});

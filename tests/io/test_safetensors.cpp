@@ -21,11 +21,10 @@ const std::vector<StDType> kAll = [] {
 TEST(StDType, TableMatchesTheFormat) {
   // Spelling and widths as the safetensors specification defines them.
   const std::vector<std::pair<const char*, int>> expect = {
-      {"BOOL", 8},     {"F4", 4},           {"F6_E2M3", 6},      {"F6_E3M2", 6}, {"U8", 8},
-      {"I8", 8},       {"F8_E5M2", 8},      {"F8_E4M3", 8},      {"F8_E8M0", 8}, {"F8_E4M3FNUZ", 8},
-      {"F8_E5M2FNUZ", 8}, {"I16", 16},      {"U16", 16},         {"F16", 16},    {"BF16", 16},
-      {"I32", 32},     {"U32", 32},         {"F32", 32},         {"C64", 64},    {"F64", 64},
-      {"I64", 64},     {"U64", 64}};
+      {"BOOL", 8},    {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6},     {"U8", 8},          {"I8", 8},
+      {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8}, {"I16", 16},
+      {"U16", 16},    {"F16", 16},    {"BF16", 16},   {"I32", 32},        {"U32", 32},        {"F32", 32},
+      {"C64", 64},    {"F64", 64},    {"I64", 64},    {"U64", 64}};
   ASSERT_EQ(expect.size(), kStDTypeCount);
   for (std::size_t i = 0; i < kAll.size(); ++i) {
     EXPECT_STREQ(st_dtype_name(kAll[i]), expect[i].first);
@@ -102,8 +101,8 @@ TEST(Safetensors, RoundTripEveryDType) {
 
 TEST(Safetensors, MetadataPreserved) {
   TempDir dir;
-  Metadata md = {{"format", "pt"}, {"empty", ""}, {"quote\"s", "line\nbreak \xC3\xA9 \\ tab\t"},
-                 {"json", "{\"a\": [1, 2]}"}};
+  Metadata md = {
+      {"format", "pt"}, {"empty", ""}, {"quote\"s", "line\nbreak \xC3\xA9 \\ tab\t"}, {"json", "{\"a\": [1, 2]}"}};
   Bytes d = pattern(4);
   save_safetensors(dir / "m.safetensors", {{"x", StDType::f32, {1}, d}}, md);
   SafetensorsFile f = SafetensorsFile::open(dir / "m.safetensors");
@@ -127,13 +126,13 @@ TEST(Safetensors, HeaderLayout) {
   EXPECT_EQ(n % 8, 0u);
   ASSERT_EQ(raw.size(), 8 + n + 22);
   std::string header(reinterpret_cast<const char*>(raw.data() + 8), n);
-  const std::string expect =
-      R"({"__metadata__":{"k":"v"},"zeta":{"dtype":"U16","shape":[3],"data_offsets":[0,6]},)"
-      R"("alpha":{"dtype":"F64","shape":[2],"data_offsets":[6,22]}})";
+  const std::string expect = R"({"__metadata__":{"k":"v"},"zeta":{"dtype":"U16","shape":[3],"data_offsets":[0,6]},)"
+                             R"("alpha":{"dtype":"F64","shape":[2],"data_offsets":[6,22]}})";
   EXPECT_EQ(header.substr(0, expect.size()), expect);
   EXPECT_EQ(header.find_first_not_of(' ', expect.size()), std::string::npos);  // space padding
   EXPECT_LT(header.size() - expect.size(), 8u);
-  EXPECT_EQ(Bytes(raw.begin() + 8 + static_cast<std::ptrdiff_t>(n), raw.begin() + 8 + static_cast<std::ptrdiff_t>(n) + 6), a);
+  EXPECT_EQ(
+      Bytes(raw.begin() + 8 + static_cast<std::ptrdiff_t>(n), raw.begin() + 8 + static_cast<std::ptrdiff_t>(n) + 6), a);
   SafetensorsFile f = SafetensorsFile::open(dir / "l.safetensors");
   EXPECT_EQ(f.names(), (std::vector<std::string>{"zeta", "alpha"}));
   EXPECT_EQ(f.header_bytes(), n);
@@ -143,11 +142,10 @@ TEST(Safetensors, ReadsHandBuiltFileInOffsetOrder) {
   // Header order differs from data order, header unpadded (length 146, not a multiple of 8), and
   // extra keys in an entry are ignored as by the reference implementation.
   Bytes data = pattern(4 + 8 + 2);
-  const std::string h =
-      R"({"b":{"dtype":"I32","shape":[2],"data_offsets":[4,12],"extra":{"x":[1]}},)"
-      R"("e":{"dtype":"BF16","shape":[0,3],"data_offsets":[12,12]},)"
-      R"("a":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"__metadata__":null,)"
-      R"("c":{"dtype":"U8","shape":[1,2],"data_offsets":[12,14]}})";
+  const std::string h = R"({"b":{"dtype":"I32","shape":[2],"data_offsets":[4,12],"extra":{"x":[1]}},)"
+                        R"("e":{"dtype":"BF16","shape":[0,3],"data_offsets":[12,12]},)"
+                        R"("a":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"__metadata__":null,)"
+                        R"("c":{"dtype":"U8","shape":[1,2],"data_offsets":[12,14]}})";
   Bytes raw = raw_file(h, data);
   SafetensorsFile f = SafetensorsFile::open_memory(raw.data(), raw.size(), "hand");
   EXPECT_EQ(f.names(), (std::vector<std::string>{"a", "b", "e", "c"}));
@@ -297,8 +295,11 @@ TEST(SafetensorsWriter, ErrorsLeaveNothingBehind) {
   EXPECT_EQ(read_bytes(p), old);
 
   // Bad declarations fail before any file is created.
-  expect_error([&] { SafetensorsWriter w(p, {{"a", StDType::u8, {1}}, {"a", StDType::u8, {1}}}); },
-               {"\"a\" declared twice"});
+  expect_error(
+      [&] {
+        SafetensorsWriter w(p, {{"a", StDType::u8, {1}}, {"a", StDType::u8, {1}}});
+      },
+      {"\"a\" declared twice"});
   expect_error([&] { SafetensorsWriter w(p, {{"__metadata__", StDType::u8, {1}}}); }, {"__metadata__"});
   expect_error([&] { SafetensorsWriter w(p, {{"x", StDType::f4, {5}}}); }, {"\"x\"", "whole bytes"});
   expect_error([&] { SafetensorsWriter w(p, {{"x", StDType::u8, {-2}}}); }, {"negative"});
