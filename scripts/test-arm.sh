@@ -59,7 +59,7 @@ run_cpu() {
   # Runtime.BackendConfigsCoverReferenceAndEveryTarget prints the targets under test.
   grep -h '^backends under test:' "${logs[@]}" || true
   seen=$(grep -h '^backends under test:' "${logs[@]}" | grep -o '\[cpu:[a-z0-9_]*\]' |
-         sed 's/\[cpu:\(.*\)\]/\1/' | sort | xargs || true)
+         sed 's/\[cpu:\(.*\)\]/\1/' | sort -u | xargs || true)
   expected=$(tr ' ' '\n' <<<"$expected" | sort | xargs)
   echo "targets seen: ${seen:-none} (expected: $expected); ${SECONDS} s"
   [ "$seen" = "$expected" ] || failed+=("$name: targets '${seen:-none}', expected '$expected'")

@@ -16,6 +16,7 @@ TEST(Runtime, BackendConfigsCoverReferenceAndEveryTarget) {
   std::string list;
   for (const BackendConfig& b : c) list += " [" + b.label + "]";
   std::printf("backends under test:%s\n", list.c_str());
+  std::fflush(stdout);  // a later death test forks: an unflushed line would be printed twice
   EXPECT_EQ(c.front().backend, ms::Backend::reference);
 }
 
