@@ -71,17 +71,20 @@ struct Progress {
 using ProgressFn = std::function<void(const Progress&)>;
 
 // What happened to one tensor or layer.
+enum class TensorAction { quantized, kept, copied, converted, re_quantized, dequantized };
+const char* name(TensorAction a);  // "quantized", "kept", "copied", "converted", "re-quantized", "dequantized"
+
 struct TensorReport {
-  std::string name;    // tensor name, or module name for a quantized layer
-  std::string action;  // "quantized", "kept", "copied", "converted", "dequantized"
+  std::string name;  // tensor name, or module name for a quantized layer
+  TensorAction action = TensorAction::copied;
   std::string format;  // "nvfp4", "mxfp4", ..., or the dtype for float tensors
   Shape shape;
   std::uint64_t bytes_in = 0, bytes_out = 0;
-  std::string reason;          // why a weight (2-D or more, or stacked experts) was kept, when it was
-  std::int64_t nonfinite = 0;  // NaN/Inf values in a quantized weight (warned about; fatal under
-                               // NonFinite::error)
-  double rel_error = -1;       // ||w - dq(q(w))|| / ||w|| when measured, else -1
-  double sqnr_db = -1;
+  std::string reason;               // why a weight (2-D or more, or stacked experts) was kept, when it was
+  std::int64_t nonfinite = 0;       // NaN/Inf values in a quantized weight (warned about; fatal under
+                                    // NonFinite::error)
+  std::optional<double> rel_error;  // ||w - dq(q(w))|| / ||w||, when measured
+  std::optional<double> sqnr_db;
 };
 struct Report {
   std::vector<TensorReport> tensors;

@@ -63,9 +63,6 @@ def _activation_amax(value, what):
     return np.float32(g)
 
 
-# (group_size, bits) each mode uses when given None.
-_DEFAULTS = {"nvfp4": (16, 4), "mxfp4": (32, 4), "mxfp8": (32, 8), "affine": (64, 4)}
-
 
 class _Layer(QuantizedWeight):
     """A layer's quantized 2-D weight [rows, K]: built from its parts, with the mode's default
@@ -77,7 +74,7 @@ class _Layer(QuantizedWeight):
         self.scales = np.asarray(scales)
         self.biases = None if biases is None else np.asarray(biases)
         self.mode = _str(mode, "mode")
-        default_group, default_bits = _DEFAULTS.get(self.mode, (None, None))
+        default_group, default_bits = _core.mode_defaults(self.mode) or (None, None)
         self.group_size = default_group if group_size is None else group_size
         self.bits = default_bits if bits is None else bits
         self.global_scale = None if global_scale is None else np.float32(

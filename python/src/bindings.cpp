@@ -8,6 +8,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -386,6 +387,21 @@ NB_MODULE(_core, m) {
   m.def("encode", &py_encode, nb::arg("x"), nb::arg("fmt"),
         "float32 C-contiguous -> uint8 codes (uint16 bits for bf16/f16)");
   m.def("decode", &py_decode, nb::arg("codes"), nb::arg("fmt"));
+
+  // A mode's default (group_size, bits), from the library's one table; None for an unknown name.
+  m.def(
+      "mode_defaults",
+      [](const std::string& mode) -> std::optional<std::pair<int, int>> {
+        ms::QuantSpec spec;
+        try {
+          spec.mode = ms::mode_from_name(mode);
+        } catch (const ms::Error&) {
+          return std::nullopt;
+        }
+        spec = ms::resolve(spec);
+        return std::pair{spec.group_size, spec.bits};
+      },
+      nb::arg("mode"));
 
   m.def("set_backend", &py_set_backend, nb::arg("name"));
   m.def("backend", &py_backend);

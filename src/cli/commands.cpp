@@ -30,7 +30,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 void print_summary(const char* verb, const io::Report& r, const fs::path& out, double secs) {
   std::map<std::string, std::size_t> by_action;
-  for (const io::TensorReport& t : r.tensors) ++by_action[t.action];
+  for (const io::TensorReport& t : r.tensors) ++by_action[io::name(t.action)];
   std::string parts;
   for (const auto& [a, n] : by_action) parts += (parts.empty() ? "" : ", ") + std::to_string(n) + " " + a;
   std::printf("%s %s: %zu shard%s, %s; %s -> %s in %.1f s\n", verb, out.string().c_str(), r.shards,
@@ -187,7 +187,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              // Every weight left in high precision, by reason.
              std::map<std::string, std::vector<std::string>> kept;
              for (const io::TensorReport& t : r.tensors)
-               if (t.action == "kept") kept[t.reason].push_back(t.name);
+               if (t.action == io::TensorAction::kept) kept[t.reason].push_back(t.name);
              for (const auto& [why, names] : kept) {
                std::string list;
                for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
@@ -207,11 +207,11 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              std::printf("\n%-*s %12s %11s %8s %9s\n", static_cast<int>(w), "layer", "shape", "rel.error", "SQNR dB",
                          "nonfinite");
              for (const io::TensorReport& t : r.tensors)
-               if (t.action == "quantized")
+               if (t.action == io::TensorAction::quantized)
                  std::printf("%-*s %12s %11.3e %8.2f %9lld\n", static_cast<int>(w), t.name.c_str(),
-                             shape_str(t.shape, ShapeStyle::dims).c_str(), t.rel_error, t.sqnr_db,
-                             static_cast<long long>(t.nonfinite));
-               else if (t.action == "kept")
+                             shape_str(t.shape, ShapeStyle::dims).c_str(), t.rel_error.value_or(NAN),
+                             t.sqnr_db.value_or(NAN), static_cast<long long>(t.nonfinite));
+               else if (t.action == io::TensorAction::kept)
                  std::printf("%-*s %12s kept: %s\n", static_cast<int>(w), t.name.c_str(),
                              shape_str(t.shape, ShapeStyle::dims).c_str(), t.reason.c_str());
              if (!o->errors_csv.empty()) {
@@ -219,10 +219,10 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                std::ostringstream f;
                f << "layer,shape,format,rel_error,sqnr_db,nonfinite,kept\n";
                for (const io::TensorReport& t : r.tensors)
-                 if (t.action == "quantized")
-                   f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << o->format << ',' << t.rel_error
-                     << ',' << t.sqnr_db << ',' << t.nonfinite << ",\n";
-                 else if (t.action == "kept")
+                 if (t.action == io::TensorAction::quantized)
+                   f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << o->format << ','
+                     << t.rel_error.value_or(NAN) << ',' << t.sqnr_db.value_or(NAN) << ',' << t.nonfinite << ",\n";
+                 else if (t.action == io::TensorAction::kept)
                    f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << t.format << ",,,,\"" << t.reason
                      << "\"\n";
                write_outputs({{"--errors-csv", o->errors_csv, f.str()}});

@@ -31,7 +31,7 @@ DType source_dtype(const Input& in, const Detected& det, Report& report) {
   return DType::bfloat16;
 }
 
-TensorReport layer_report(const Layer& l, const char* action, std::uint64_t bytes_in) {
+TensorReport layer_report(const Layer& l, TensorAction action, std::uint64_t bytes_in) {
   TensorReport r;
   r.name = l.module;
   r.action = action;
@@ -64,7 +64,7 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
       const Tensor y = dequantize_layer(*lp, dtype);
       w.write_tensor(lp->module + ".weight", y);
       release_sources(in.ck, *lp);
-      TensorReport r = layer_report(*lp, "dequantized", bytes);
+      TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
       r.bytes_out = y.nbytes();
       report.tensors.push_back(std::move(r));
     };
@@ -140,7 +140,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
     Item it = layer_item(in, l);
     it.entries = std::move(planned[i]);
     it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
-      TensorReport r = layer_report(*lp, "converted", bytes);
+      TensorReport r = layer_report(*lp, TensorAction::converted, bytes);
       if (auto u = unify.find(lp->module); u != unify.end()) {
         const Tensor y = dequantize_layer(*lp, DType::float32);
         QuantSpec spec = lp->spec();
@@ -150,7 +150,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
         l2.point_at(q);
         l2.global = Global::of_amax(u->second);
         write_emitted(w, emit(l2, opt.to), r);
-        r.action = "re-quantized";
+        r.action = TensorAction::re_quantized;
       } else {
         write_emitted(w, emit(*lp, opt.to), r);
       }

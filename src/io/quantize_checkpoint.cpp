@@ -294,13 +294,17 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       l.global = three ? Global::of_amax(*q.spec.global_scale) : Global{};
       TensorReport r;
       r.name = sp->module;
-      r.action = "quantized";
+      r.action = TensorAction::quantized;
       r.format = name(q.spec.mode);
       r.shape = src.shape;
       r.bytes_in = src.data.size();
       r.nonfinite = nonfinite;
       write_emitted(w, emit(l, opt.to), r);
-      if (opt.measure_error) r.rel_error = rel_error(x, dequantize(q, DType::float32), &r.sqnr_db);
+      if (opt.measure_error) {
+        double sqnr = 0;
+        r.rel_error = rel_error(x, dequantize(q, DType::float32), &sqnr);
+        r.sqnr_db = sqnr;
+      }
       release(src.data);
       report.tensors.push_back(std::move(r));
     };

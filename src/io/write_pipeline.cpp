@@ -6,6 +6,22 @@
 
 #include "io/write_pipeline.hpp"
 
+namespace microscale::io {
+
+const char* name(TensorAction a) {
+  switch (a) {
+    case TensorAction::quantized: return "quantized";
+    case TensorAction::kept: return "kept";
+    case TensorAction::copied: return "copied";
+    case TensorAction::converted: return "converted";
+    case TensorAction::re_quantized: return "re-quantized";
+    case TensorAction::dequantized: return "dequantized";
+  }
+  return "?";
+}
+
+}  // namespace microscale::io
+
 namespace microscale::io::ck {
 
 void trim_heap() {
@@ -53,7 +69,7 @@ Item passthrough(const Input& in, const std::string& name, Report& report, std::
     release(src.data);
     TensorReport r;
     r.name = name;
-    r.action = reason ? "kept" : "copied";
+    r.action = reason ? TensorAction::kept : TensorAction::copied;
     r.format = src.dtype_name();
     r.shape = src.shape;
     r.bytes_in = r.bytes_out = src.data.size();

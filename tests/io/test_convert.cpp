@@ -452,13 +452,13 @@ TEST(Convert, EveryUnquantizedWeightIsReportedAndIgnored) {
   for (const char* n : {"mlp.experts.gate_up_proj", "mlp.experts.down_proj", "self_attn.q_proj.weight"}) {
     const TensorReport* t = find_report(r, p + n);
     ASSERT_NE(t, nullptr) << n;
-    EXPECT_EQ(t->action, "kept") << n;
+    EXPECT_EQ(t->action, TensorAction::kept) << n;
     EXPECT_NE(t->reason.find(std::string(n).find("experts") != std::string::npos ? "3-D stacked experts" : "dtype F64"),
               std::string::npos)
         << t->reason;
   }
-  EXPECT_EQ(find_report(r, p + "self_attn.o_proj.bias")->action, "copied");
-  EXPECT_EQ(find_report(r, p + "self_attn.k_proj")->action, "quantized");
+  EXPECT_EQ(find_report(r, p + "self_attn.o_proj.bias")->action, TensorAction::copied);
+  EXPECT_EQ(find_report(r, p + "self_attn.k_proj")->action, TensorAction::quantized);
   Checkpoint c = Checkpoint::open(out);
   EXPECT_EQ(c.tensor(p + "self_attn.q_proj.weight").dtype, StDType::f64);
   EXPECT_EQ(c.tensor(p + "mlp.experts.gate_up_proj").shape, (Shape{4, 64, 128}));
@@ -544,7 +544,7 @@ TEST(Convert, Gpt2Conv1DWeightsAreRefused) {
   model(bigcode, R"({"model_type": "gpt_bigcode"})");
   const Report r =
       quantize_checkpoint(bigcode.in, bigcode.dir / "o", qopt(Mode::nvfp4, Convention::compressed_tensors));
-  EXPECT_EQ(find_report(r, "transformer.h.0.attn.c_attn")->action, "quantized");
+  EXPECT_EQ(find_report(r, "transformer.h.0.attn.c_attn")->action, TensorAction::quantized);
 }
 
 TEST(Convert, DequantizeDefaultsToTheSourceDtype) {

@@ -272,3 +272,14 @@ def test_core_reads_dtypes_from_the_arrays():
     # A dtype the C++ API has no type for is refused at the boundary.
     with pytest.raises(TypeError):
         core.global_scale(np.zeros(4, np.float64))
+
+def test_layers_take_mode_defaults_from_the_library():
+    """The layers' default group size and bits come from the C++ table (core/numerics.hpp), which
+    must agree with the oracle's FORMATS.md values; a name that is no mode gives None."""
+    for mode, (g, b) in O.MODE_DEFAULTS.items():
+        assert microscale._core.mode_defaults(mode) == (g, b), mode
+        q = microscale.QuantizedLinear.from_linear(np.ones((2, 2 * g), np.float32), mode=mode, group_size=g, bits=b)
+        layer = microscale.QuantizedLinear(q.weight, q.scales, q.biases, mode=mode, global_scale=q.global_scale)
+        assert (layer.group_size, layer.bits) == (g, b), mode
+        np.testing.assert_array_equal(layer(np.ones((1, 2 * g), np.float32)), q(np.ones((1, 2 * g), np.float32)))
+    assert microscale._core.mode_defaults("int4") is None
