@@ -8,6 +8,9 @@
 // the legacy default stream) and temporaries use the stream-ordered allocator; ops that must read
 // a result on the host (amax, nonfinite = error, gather_qmm's indices) synchronize the stream.
 // Empty outputs launch nothing. Every failure throws microscale::Error.
+//
+// Linking microscale_cuda also makes Backend::cuda (runtime.hpp) available: the host API of
+// quantize.hpp and matmul.hpp then runs on the device, on host or device operands.
 #pragma once
 
 #include <optional>

@@ -1,7 +1,9 @@
 // Which backend runs the ops, which SIMD target the CPU kernels use, and how many threads.
 //
 // Environment (read once, at first use; the setters override it):
-//   MICROSCALE_BACKEND      "cpu" (default: SIMD + threads) or "reference" (scalar executable spec)
+//   MICROSCALE_BACKEND      "cpu" (default: SIMD + threads), "reference" (scalar executable spec)
+//                           or "cuda" (the GPU: needs a program linked with microscale_cuda and a
+//                           device; otherwise the first op throws Error saying so)
 //   MICROSCALE_CPU_TARGET   "auto" (default: best the machine has), or force one of
 //                           x86: "avx512_dl" (AVX-512 with VNNI/VBMI2), "avx512", "avx2",
 //                                "sse4", "ssse3";
@@ -20,13 +22,17 @@
 
 namespace microscale {
 
-enum class Backend { cpu, reference };
+// cuda also runs any op whose operand lives in device memory, whatever the setting; host operands
+// are copied to the device and results back.
+enum class Backend { cpu, reference, cuda };
 
-// "cpu" or "reference"; no value for any other name, so each caller words its own error.
+// "cpu", "reference" or "cuda"; no value for any other name, so each caller words its own error.
 std::optional<Backend> backend_from_name(std::string_view text);
 const char* name(Backend b);
 
 Backend backend();
+// Throws Error for cuda when this program has no CUDA backend (microscale_cuda not linked) or no
+// device it can run on.
 void set_backend(Backend b);
 
 // Forces a CPU target; throws Error if the name is unknown or this machine cannot run it.

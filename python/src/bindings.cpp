@@ -178,7 +178,7 @@ nb::object py_decode(const InArray& codes, const std::string& fmt_name) {
 
 void py_set_backend(const std::string& name) {
   const std::optional<ms::Backend> b = ms::backend_from_name(name);
-  if (!b) throw ms::Error("unknown backend '" + name + "' (expected cpu or reference)");
+  if (!b) throw ms::Error("unknown backend '" + name + "' (expected cpu, reference or cuda)");
   ms::set_backend(*b);
 }
 

@@ -65,6 +65,15 @@ OperandArgs operand_args(const DeviceQuantized& w, Mode mode, const std::string&
 QuantizedArgs bind_operand(const ops::OperandPlan& p, const DeviceQuantized& w, std::int64_t rows,
                            const std::string& op);
 
+// Flat index of the first NaN or Inf of x, or -1. Synchronizes the stream.
+std::int64_t first_nonfinite(const DeviceTensor& x, Stream stream);
+
+// qqmm's product on codes already quantized under spec_x (compact scales): y [M, N] = alpha *
+// (x @ w^T) (+ bias [N]) on the tensor-core kernel; `w` is the plan of wq [N, K].
+void qqmm_codes(const DeviceQuantized& xq, const QuantSpec& spec_x, const DeviceQuantized& wq,
+                const ops::OperandPlan& w, std::int64_t M, float alpha, const DeviceTensor* bias, const DeviceTensor& y,
+                Stream stream);
+
 // Compact uint8 scales [R, C] to the zero-padded swizzled layout [roundup(R,128), roundup(C,4)].
 void swizzle(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::uint8_t* out, Stream stream);
 

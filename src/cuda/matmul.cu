@@ -351,6 +351,26 @@ bool blackwell_or_newer() {
 }
 
 }  // namespace
+
+void qqmm_codes(const DeviceQuantized& xq, const QuantSpec& spec_x, const DeviceQuantized& wq,
+                const ops::OperandPlan& w, std::int64_t M, float alpha, const DeviceTensor* bias, const DeviceTensor& y,
+                Stream stream) {
+  const std::int64_t N = w.rows, K = w.K;
+  // Tensor cores: x's two-level values (element * block scale) are exact in bf16, and so are w's,
+  // so one bf16 part each gives exact block products; alpha applies once to the f32 sum.
+  QuantSpec two_level = spec_x;
+  two_level.global_scale.reset();
+  const ScratchTensor xd(DType::bfloat16, Shape{M, K}, stream);
+  dequantize(xq, two_level, xd.view, stream);
+  ops::MatmulPlan p;  // one product of xd [M, K] and w [N, K]
+  p.w = {w, {}, N, K};
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.pairs = {BatchPair{0, 0}};
+  run_matmul(matmul_args(p, xd.view, bind_operand(w, wq, N, "qqmm"), y, bias, alpha), p.pairs, stream);
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -447,21 +467,9 @@ void qqmm(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor* w_sc
                                           ", N = " + std::to_string(N) + ", K = " + std::to_string(K) +
                                           " on this device (it needs sm_100+ and a supported mode and shape)");
 
-  // Tensor cores: x's two-level values (element * block scale) are exact in bf16, and so are w's,
-  // so one bf16 part each gives exact block products; alpha applies once to the f32 sum.
   const DeviceQuantized xq = quantized(x2, sx);
-  QuantSpec two_level = sx;
-  two_level.global_scale.reset();
-  const DeviceTensor xd = keep.emplace_back(DType::bfloat16, Shape{M, K}, stream).view;
-  dequantize(xq, two_level, xd, stream);
   const DeviceQuantized wq = w_float ? quantized(w, sw) : DeviceQuantized{w, *w_scales, {}};
-  ops::MatmulPlan p;  // one product of xd [M, K] and w [N, K]
-  p.w = {plan.w, {}, N, K};
-  p.M = M;
-  p.N = N;
-  p.K = K;
-  p.pairs = {BatchPair{0, 0}};
-  run_matmul(matmul_args(p, xd, bind_operand(plan.w, wq, N, op), y, bias, alpha), p.pairs, stream);
+  qqmm_codes(xq, sx, wq, plan.w, M, alpha, bias, y, stream);
 }
 
 }  // namespace microscale::cuda

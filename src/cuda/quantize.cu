@@ -108,6 +108,20 @@ void launched(const char* what) { check(cudaGetLastError(), std::string(what) + 
 
 // nonfinite='error': fails naming the first NaN/Inf in row-major order, as the CPU does.
 void check_finite(const DeviceTensor& x, Stream stream) {
+  const std::int64_t i = first_nonfinite(x, stream);
+  if (i < 0) return;
+  const std::size_t size = dtype_size(x.dtype);
+  alignas(4) unsigned char bytes[4] = {};
+  check(cudaMemcpy(bytes, static_cast<const unsigned char*>(x.data) + static_cast<std::size_t>(i) * size, size,
+                   cudaMemcpyDeviceToHost),
+        "quantize");
+  ops::throw_nonfinite(i, load_float(bytes, 0, x.dtype), x.shape);
+}
+
+}  // namespace
+
+std::int64_t first_nonfinite(const DeviceTensor& x, Stream stream) {
+  if (x.numel() == 0) return -1;
   Scratch first(sizeof(unsigned long long), stream);
   auto* f = static_cast<unsigned long long*>(first.get());
   check(cudaMemsetAsync(f, 0xFF, sizeof *f, stream), "quantize");
@@ -116,15 +130,8 @@ void check_finite(const DeviceTensor& x, Stream stream) {
   unsigned long long i = 0;
   check(cudaMemcpyAsync(&i, f, sizeof i, cudaMemcpyDeviceToHost, stream), "quantize");
   check(cudaStreamSynchronize(stream), "quantize");
-  if (i == ~0ull) return;
-  const std::size_t size = dtype_size(x.dtype);
-  alignas(4) unsigned char bytes[4] = {};
-  check(cudaMemcpy(bytes, static_cast<const unsigned char*>(x.data) + i * size, size, cudaMemcpyDeviceToHost),
-        "quantize");
-  ops::throw_nonfinite(static_cast<std::int64_t>(i), load_float(bytes, 0, x.dtype), x.shape);
+  return i == ~0ull ? -1 : static_cast<std::int64_t>(i);
 }
-
-}  // namespace
 
 void swizzle(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::uint8_t* out, Stream stream) {
   check(cudaMemsetAsync(out, 0, static_cast<std::size_t>(roundup(R, 128) * roundup(C, 4)), stream), "swizzle");

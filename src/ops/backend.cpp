@@ -1,5 +1,5 @@
-// The backend setting and the kernel table of each host backend: the one place that decides
-// where the ops run.
+// The backend setting, the kernel table of each host backend and the registered CUDA one: the one
+// place that decides where the ops run.
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -16,19 +16,21 @@ const char* name(Backend b) {
   switch (b) {
     case Backend::cpu: return "cpu";
     case Backend::reference: return "reference";
+    case Backend::cuda: return "cuda";
   }
   return "?";
 }
 
 std::optional<Backend> backend_from_name(std::string_view text) {
-  for (Backend b : {Backend::cpu, Backend::reference})
+  for (Backend b : {Backend::cpu, Backend::reference, Backend::cuda})
     if (text == name(b)) return b;
   return std::nullopt;
 }
 
 namespace {
 
-// An unset or unknown MICROSCALE_BACKEND means the CPU kernels.
+// An unset or unknown MICROSCALE_BACKEND means the CPU kernels. "cuda" is kept as set (not checked
+// here): the first op then fails with the reason, instead of silently running elsewhere.
 Backend initial_backend() {
   const char* v = std::getenv("MICROSCALE_BACKEND");
   return v ? backend_from_name(v).value_or(Backend::cpu) : Backend::cpu;
@@ -59,12 +61,22 @@ float reference_amax_finite(const void* x, DType src, std::int64_t n) {
   return reference::amax_finite(xf.data(), n);
 }
 
-std::int64_t reference_find_nonfinite(const void* x, DType src, std::int64_t n) {
-  const auto* p = static_cast<const std::byte*>(x);
-  const std::size_t size = dtype_size(src);
-  for (std::int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(detail::load_f32(p + static_cast<std::size_t>(i) * size, src))) return i;
+float host_element(const void* x, DType src, std::int64_t i) {
+  return detail::load_f32(static_cast<const std::byte*>(x) + static_cast<std::size_t>(i) * dtype_size(src), src);
+}
+
+std::int64_t reference_find_nonfinite(const void* x, DType src, std::int64_t n, float* value) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    *value = host_element(x, src, i);
+    if (!std::isfinite(*value)) return i;
+  }
   return -1;
+}
+
+std::int64_t cpu_find_nonfinite(const void* x, DType src, std::int64_t n, float* value) {
+  const std::int64_t i = cpu::find_nonfinite(x, src, n);
+  if (i >= 0) *value = host_element(x, src, i);
+  return i;
 }
 
 // The weight decoded to float32, then the plain float32 product.
@@ -78,14 +90,75 @@ void reference_quantized_matmul(const float* x, std::int64_t M, const cpu::Quant
 
 constexpr ops::Kernels kReference{reference_quantize,       reference::dequantize,      reference_amax_finite,
                                   reference_find_nonfinite, reference_quantized_matmul, reference::qqmm};
-constexpr ops::Kernels kCpu{cpu::quantize,       cpu::dequantize,       cpu::amax_finite,
-                            cpu::find_nonfinite, cpu::quantized_matmul, cpu::qqmm};
+constexpr ops::Kernels kCpu{cpu::quantize,      cpu::dequantize,       cpu::amax_finite,
+                            cpu_find_nonfinite, cpu::quantized_matmul, cpu::qqmm};
+
+// Written once, by microscale_cuda's static initializer (before main), then only read.
+std::atomic<const ops::DeviceBackend*>& cuda_backend() {
+  static std::atomic<const ops::DeviceBackend*> b{nullptr};
+  return b;
+}
+
+// The CUDA backend, ready to run, or an Error saying what is missing and what to do.
+const ops::DeviceBackend& usable_cuda() {
+  const ops::DeviceBackend* c = cuda_backend().load();
+  if (c == nullptr)
+    throw Error(
+        "backend cuda: this program has no CUDA backend (build with -DMICROSCALE_CUDA=ON and link "
+        "microscale_cuda); use backend cpu or reference (set_backend, MICROSCALE_BACKEND)");
+  if (!c->available())
+    throw Error(
+        "backend cuda: no usable CUDA device (none found, or not one this build has kernels for: "
+        "sm_90a, sm_100a); use backend cpu or reference (set_backend, MICROSCALE_BACKEND)");
+  return *c;
+}
+
+// The registered backend when p is in its device memory.
+const ops::DeviceBackend* holder_of(const void* p) {
+  const ops::DeviceBackend* c = cuda_backend().load();
+  return c != nullptr && p != nullptr && c->is_device_memory(p) ? c : nullptr;
+}
 
 }  // namespace
 
 Backend backend() { return setting().load(); }
-void set_backend(Backend b) { setting().store(b); }
+void set_backend(Backend b) {
+  if (b == Backend::cuda) usable_cuda();
+  setting().store(b);
+}
 
-const ops::Kernels& ops::kernels() { return backend() == Backend::reference ? kReference : kCpu; }
+void ops::register_cuda(const DeviceBackend& b) {
+  static const DeviceBackend registered = b;
+  cuda_backend().store(&registered);
+}
+
+const ops::Kernels& ops::kernels() {
+  switch (backend()) {
+    case Backend::reference: return kReference;
+    case Backend::cuda: return *usable_cuda().kernels;
+    case Backend::cpu: break;
+  }
+  return kCpu;
+}
+
+const ops::Kernels& ops::kernels_for(const char* op, std::initializer_list<const TensorView*> operands) {
+  const DeviceBackend* device = nullptr;
+  for (const TensorView* v : operands) {
+    if (v == nullptr || holder_of(v->data) == nullptr) continue;
+    if (!v->is_contiguous())
+      throw Error(std::string(op) + ": an operand in device memory is a strided view; pass a contiguous tensor");
+    device = holder_of(v->data);
+  }
+  return device ? *device->kernels : kernels();
+}
+
+TensorView ops::host_readable(const TensorView& v, Tensor& keep) {
+  const DeviceBackend* device = holder_of(v.data);
+  if (device == nullptr) return v;
+  if (!v.is_contiguous()) throw Error("a strided view of device memory cannot be read; pass a contiguous tensor");
+  keep = Tensor::uninitialized(v.dtype, v.shape);
+  device->copy(keep.bytes(), v.data, keep.nbytes());
+  return keep.view();
+}
 
 }  // namespace microscale

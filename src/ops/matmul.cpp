@@ -11,7 +11,12 @@
 namespace microscale {
 namespace {
 
-std::vector<float> bias_f32(const TensorView* bias) { return bias ? detail::to_f32(*bias) : std::vector<float>(); }
+// Float32 copies of operands the host widens (wherever they live).
+std::vector<float> host_f32(const TensorView& v) {
+  Tensor host;
+  return detail::to_f32(ops::host_readable(v, host));
+}
+std::vector<float> bias_f32(const TensorView* bias) { return bias ? host_f32(*bias) : std::vector<float>(); }
 
 Tensor to_dtype(const std::vector<float>& y, DType dtype, Shape shape) {
   Tensor out = Tensor::uninitialized(dtype, std::move(shape));  // every element is written
@@ -43,9 +48,9 @@ Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorV
   const std::optional<ops::Arg> b = ops::optional_arg(biases), bias_arg = ops::optional_arg(bias);
   const ops::MatmulPlan p = ops::plan_quantized_matmul(ops::arg_of(x), ops::arg_of(wq), ops::arg_of(scales),
                                                        ops::opt_ptr(b), transpose, spec, ops::opt_ptr(bias_arg));
-  const ops::Kernels& k = ops::kernels();
+  const ops::Kernels& k = ops::kernels_for("quantized_matmul", {&x, &wq, &scales, biases, bias});
   const ops::QuantizedOperand w = ops::bind_operand(p.w.q, wq, scales, biases);
-  const std::vector<float> xf = detail::to_f32(x), bf = bias_f32(bias);
+  const std::vector<float> xf = host_f32(x), bf = bias_f32(bias);
   const std::int64_t M = p.M, N = p.N, K = p.K;
   std::vector<float> y(static_cast<std::size_t>(static_cast<std::int64_t>(p.pairs.size()) * M * N));
   for (std::size_t i = 0; i < p.pairs.size(); ++i)
@@ -65,6 +70,7 @@ Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales
   const std::optional<ops::Arg> ws = ops::optional_arg(w_scales), bias_arg = ops::optional_arg(bias);
   const ops::QqmmPlan p = ops::plan_qqmm(ops::arg_of(x), ops::arg_of(w), ops::opt_ptr(ws), spec, global_scale_x,
                                          global_scale_w, ops::opt_ptr(bias_arg));
+  const ops::Kernels& k = ops::kernels_for("qqmm", {&x, &w, w_scales, bias});
   // A float w is quantized here exactly as quantize does.
   Quantized w_owned;
   TensorView w_packed = w, w_codes = w_scales ? *w_scales : TensorView();
@@ -77,10 +83,9 @@ Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales
   const Quantized qx = quantize(x, p.specs.x);
   const std::vector<float> bf = bias_f32(bias);
   std::vector<float> y(static_cast<std::size_t>(p.M * p.N));
-  ops::kernels().qqmm(qx.packed.data<std::uint8_t>(), qx.scales.data<std::uint8_t>(),
-                      reinterpret_cast<const std::uint8_t*>(wop.packed.data),
-                      reinterpret_cast<const std::uint8_t*>(wop.scales.data), p.M, p.N, p.K, p.specs.x, p.specs.alpha,
-                      bf.empty() ? nullptr : bf.data(), y.data());
+  k.qqmm(qx.packed.data<std::uint8_t>(), qx.scales.data<std::uint8_t>(),
+         reinterpret_cast<const std::uint8_t*>(wop.packed.data), reinterpret_cast<const std::uint8_t*>(wop.scales.data),
+         p.M, p.N, p.K, p.specs.x, p.specs.alpha, bf.empty() ? nullptr : bf.data(), y.data());
   return to_dtype(y, x.dtype, p.out_shape);
 }
 
@@ -91,15 +96,17 @@ Tensor gather_qmm(const TensorView& x, const TensorView& wq, const TensorView& s
   const std::optional<ops::Arg> b = ops::optional_arg(biases), lhs_arg = ops::optional_arg(lhs_indices),
                                 rhs_arg = ops::optional_arg(rhs_indices);
   auto read = [&](ops::Side side, std::int64_t limit, const char* what) {
-    return detail::read_indices(side == ops::Side::lhs ? *lhs_indices : *rhs_indices, limit, "gather_qmm", what);
+    Tensor host;
+    return detail::read_indices(ops::host_readable(side == ops::Side::lhs ? *lhs_indices : *rhs_indices, host), limit,
+                                "gather_qmm", what);
   };
   const ops::MatmulPlan p = ops::plan_gather_qmm(ops::arg_of(x), ops::arg_of(wq), ops::arg_of(scales), ops::opt_ptr(b),
                                                  ops::opt_ptr(lhs_arg), ops::opt_ptr(rhs_arg), transpose, spec, read);
-  const ops::Kernels& k = ops::kernels();
+  const ops::Kernels& k = ops::kernels_for("gather_qmm", {&x, &wq, &scales, biases, lhs_indices, rhs_indices});
   const ops::QuantizedOperand w = ops::bind_operand(p.w.q, wq, scales, biases);
   const std::int64_t M = p.M, N = p.N, K = p.K;
 
-  const std::vector<float> xf = detail::to_f32(x);
+  const std::vector<float> xf = host_f32(x);
   std::vector<float> y(static_cast<std::size_t>(static_cast<std::int64_t>(p.pairs.size()) * M * N));
   // All products with the same expert run as one matmul over the stacked rows of x, so each
   // expert's weights stream once per call. Grouping happens whether or not the caller sorted the

@@ -15,22 +15,23 @@ void require(bool ok, const std::string& msg) {
 
 // nonfinite='error': fails naming the first NaN/Inf in row-major order before anything is written.
 void check_finite(const ops::Kernels& k, const detail::Rows& x, DType dtype, const Shape& shape) {
-  const std::int64_t i = k.find_nonfinite(x.data, dtype, x.numel);
-  if (i < 0) return;
-  ops::throw_nonfinite(i, detail::load_f32(x.data + static_cast<std::size_t>(i) * dtype_size(dtype), dtype), shape);
+  float value = 0.0f;
+  const std::int64_t i = k.find_nonfinite(x.data, dtype, x.numel, &value);
+  if (i >= 0) ops::throw_nonfinite(i, value, shape);
 }
 
 }  // namespace
 
 float global_scale(const TensorView& x) {
   ops::check_amax_input(ops::arg_of(x), "global_scale");
+  const ops::Kernels& k = ops::kernels_for("global_scale", {&x});  // before rows_of reads x
   const detail::Rows c = detail::rows_of(x);
-  return ops::kernels().amax_finite(c.data, x.dtype, c.numel);
+  return k.amax_finite(c.data, x.dtype, c.numel);
 }
 
 Quantized quantize(const TensorView& x, const QuantSpec& spec) {
   const ops::QuantizePlan p = ops::plan_quantize(ops::arg_of(x), spec);
-  const ops::Kernels& k = ops::kernels();
+  const ops::Kernels& k = ops::kernels_for("quantize", {&x});
   const detail::Rows xc = detail::rows_of(x);
   if (p.spec.nonfinite == NonFinite::error) check_finite(k, xc, x.dtype, x.shape);
 
@@ -57,7 +58,8 @@ QuantizedOperand bind_operand(const OperandPlan& plan, const TensorView& packed,
                               const TensorView* biases) {
   QuantizedOperand o;
   if (plan.spec.layout == Layout::swizzled) {
-    o.scales.copy = unswizzle_scales(scales, plan.rows, plan.groups);
+    Tensor host_scales;  // swizzled device scales are unswizzled on the host
+    o.scales.copy = unswizzle_scales(host_readable(scales, host_scales), plan.rows, plan.groups);
     o.scales.data = o.scales.copy.bytes();
     o.scales.numel = o.scales.copy.numel();
   } else {
@@ -75,10 +77,11 @@ Tensor dequantize(const TensorView& packed, const TensorView& scales, const Tens
   const std::optional<ops::Arg> b = ops::optional_arg(biases);
   const ops::OperandPlan p =
       ops::plan_dequantize(ops::arg_of(packed), ops::arg_of(scales), ops::opt_ptr(b), spec, dtype);
+  const ops::Kernels& k = ops::kernels_for("dequantize", {&packed, &scales, biases});
   const ops::QuantizedOperand w = ops::bind_operand(p, packed, scales, biases);
   Tensor y = Tensor::uninitialized(dtype, p.shape);  // every element is written
-  ops::kernels().dequantize(reinterpret_cast<const std::uint8_t*>(w.packed.data), w.scales.data, w.biases.data,
-                            p.scale_dtype, p.rows, p.K, p.spec, dtype, y.bytes());
+  k.dequantize(reinterpret_cast<const std::uint8_t*>(w.packed.data), w.scales.data, w.biases.data, p.scale_dtype,
+               p.rows, p.K, p.spec, dtype, y.bytes());
   return y;
 }
 

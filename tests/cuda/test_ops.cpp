@@ -474,4 +474,207 @@ TEST_F(Gpu, QqmmWithinFloat32Bounds) {
           }
 }
 
+// ---- the host API under Backend::cuda ---------------------------------------------------------
+
+using microscale::TensorView;
+
+struct CudaBackend {
+  microscale::Backend saved = microscale::backend();
+  CudaBackend() { microscale::set_backend(microscale::Backend::cuda); }
+  ~CudaBackend() { microscale::set_backend(saved); }
+};
+
+// A host view of device memory, as a caller with its own device tensors makes one.
+TensorView device_view(const Dev& d) { return TensorView(d.view().data, d.view().dtype, d.view().shape); }
+
+void expect_same_quantized(const microscale::Quantized& got, const microscale::Quantized& want,
+                           const std::string& what) {
+  ASSERT_EQ(got.packed.nbytes(), want.packed.nbytes()) << what;
+  ASSERT_EQ(got.scales.nbytes(), want.scales.nbytes()) << what;
+  ASSERT_EQ(got.biases.nbytes(), want.biases.nbytes()) << what;
+  expect_bytes(got.packed.bytes(), want.packed.bytes(), got.packed.nbytes(), what + " packed");
+  expect_bytes(got.scales.bytes(), want.scales.bytes(), got.scales.nbytes(), what + " scales");
+  expect_bytes(got.biases.bytes(), want.biases.bytes(), got.biases.nbytes(), what + " biases");
+}
+
+// set_backend(cuda) with host tensors: the same bytes as the reference for quantize (every mode,
+// rule, policy, layout and dtype), dequantize and global_scale.
+TEST_F(Gpu, HostApiUnderCudaMatchesReference) {
+  std::uint64_t seed = 20000;
+  for (const Case& c : cases())
+    for (DType dtype : {DType::float32, DType::float16, DType::bfloat16})
+      for (const Shape& shape : shapes()) {
+        if (!fits(c, shape)) continue;
+        const Tensor x = input(shape, dtype, seed++);
+        const QuantSpec spec = spec_for(c, x);
+        const std::string what = c.name + " " + microscale::dtype_name(dtype) + " " + microscale::shape_str(shape);
+        microscale::Quantized want, got;
+        float amax_want = 0.0f, amax_got = 0.0f;
+        {
+          const ReferenceBackend ref;
+          want = microscale::quantize(x.view(), spec);
+          amax_want = microscale::global_scale(x.view());
+        }
+        {
+          const CudaBackend gpu;
+          ASSERT_NO_THROW(got = microscale::quantize(x.view(), spec)) << what;
+          amax_got = microscale::global_scale(x.view());
+        }
+        expect_same_quantized(got, want, what);
+        EXPECT_EQ(amax_got, amax_want) << what;
+        for (DType o : {DType::float32, DType::float16, DType::bfloat16}) {
+          Tensor y_want, y_got;
+          {
+            const ReferenceBackend ref;
+            y_want = microscale::dequantize(want, o);
+          }
+          {
+            const CudaBackend gpu;
+            y_got = microscale::dequantize(want, o);
+          }
+          expect_floats(y_got.bytes(), y_want.bytes(), static_cast<std::size_t>(y_got.numel()), o,
+                        what + " dequantize to " + microscale::dtype_name(o));
+        }
+        if (HasFailure()) return;
+      }
+}
+
+TEST_F(Gpu, HostApiUnderCudaNamesTheFirstNonfinite) {
+  std::vector<float> v(2 * 3 * 32, 1.0f);
+  v[100] = -INFINITY;
+  v[150] = NAN;
+  const Tensor x = to_tensor(v, DType::float32, {2, 3, 32});
+  QuantSpec s;
+  s.mode = Mode::mxfp8;
+  s.nonfinite = NonFinite::error;
+  std::string cpu, gpu;
+  try {
+    microscale::quantize(x.view(), s);
+  } catch (const microscale::Error& e) {
+    cpu = e.what();
+  }
+  try {
+    const CudaBackend on;
+    microscale::quantize(x.view(), s);
+  } catch (const microscale::Error& e) {
+    gpu = e.what();
+  }
+  EXPECT_NE(gpu.find("flat index 100"), std::string::npos) << gpu;
+  EXPECT_EQ(gpu, cpu);
+}
+
+// With the setting left at cpu, an operand in device memory runs the op on the device (the CPU
+// kernels could not read it): the same bytes as the reference, results in host tensors.
+TEST_F(Gpu, DeviceResidentOperandsSelectCuda) {
+  microscale::set_backend(microscale::Backend::cpu);
+  std::uint64_t seed = 30000;
+  for (const Case& c : cases()) {
+    const Shape shape{3, 256};
+    const Tensor x = input(shape, DType::bfloat16, seed++);
+    const QuantSpec spec = spec_for(c, x);
+    const microscale::Quantized want = [&] {
+      const ReferenceBackend ref;
+      return microscale::quantize(x.view(), spec);
+    }();
+    const Dev dx(x);
+    expect_same_quantized(microscale::quantize(device_view(dx), spec), want, c.name + " device x");
+    EXPECT_EQ(microscale::global_scale(device_view(dx)), microscale::global_scale(x.view())) << c.name;
+    const DevQuantized dq(want);  // swizzled scales too: the op unswizzles a host copy
+    const TensorView biases = dq.biases ? device_view(*dq.biases) : TensorView();
+    const Tensor y = microscale::dequantize(device_view(dq.packed), device_view(dq.scales),
+                                            dq.biases ? &biases : nullptr, want.spec, DType::float32);
+    const Tensor y_want = [&] {
+      const ReferenceBackend ref;
+      return microscale::dequantize(want, DType::float32);
+    }();
+    expect_floats(y.bytes(), y_want.bytes(), static_cast<std::size_t>(y.numel()), DType::float32,
+                  c.name + " device operand dequantize");
+    if (HasFailure()) return;
+  }
+  // A strided view cannot be gathered on the host from device memory: a clear error.
+  const Tensor x = input({4, 64}, DType::float32, 1);
+  const Dev dx(x);
+  const TensorView strided(dx.view().data, DType::float32, {2, 64}, {128, 1});
+  try {
+    microscale::quantize(strided, QuantSpec{});
+    ADD_FAILURE() << "a strided device view was accepted";
+  } catch (const microscale::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quantize: an operand in device memory is a strided view"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The host matmuls under Backend::cuda (host operands) and with device-resident weights (setting
+// cpu), within the float32 bounds of the float64 oracle.
+TEST_F(Gpu, HostApiMatmulsUnderCuda) {
+  std::uint64_t seed = 40000;
+  const std::int64_t M = 9, N = 96, K = 256;
+  for (const WeightCase& c : weight_cases())
+    for (bool transpose : {true, false}) {
+      if (c.spec.layout == Layout::swizzled && !transpose) continue;
+      const QuantWeight w = quantized_weight(c, transpose ? Shape{N, K} : Shape{K, N}, seed++);
+      const Tensor x = matmul_input({2, M, K}, DType::bfloat16, seed++);
+      const Tensor bias = matmul_input({N}, DType::float32, seed++);
+      const std::string what = c.name + (transpose ? " W[N,K]" : " W[K,N]");
+      {
+        const CudaBackend on;
+        const TensorView bias_view = bias.view();
+        const Tensor y = microscale::quantized_matmul(x.view(), w.q, transpose, &bias_view);
+        expect_matmul(y, as_f32(x), w.values, {{0, 0}, {1, 0}}, M, N, K, transpose, 1.0, as_f32(bias),
+                      what + " host operands");
+      }
+      const DevQuantized dw(w.q);
+      const TensorView biases = dw.biases ? device_view(*dw.biases) : TensorView();
+      const Tensor y = microscale::quantized_matmul(x.view(), device_view(dw.packed), device_view(dw.scales),
+                                                    dw.biases ? &biases : nullptr, transpose, w.q.spec);
+      expect_matmul(y, as_f32(x), w.values, {{0, 0}, {1, 0}}, M, N, K, transpose, 1.0, {}, what + " device weights");
+      if (HasFailure()) return;
+    }
+
+  // gather_qmm with host indices, and qqmm on host operands.
+  WeightCase c{"affine", {}};
+  c.spec.mode = Mode::affine;
+  const QuantWeight w = quantized_weight(c, {4, N, K}, seed++);
+  const Tensor x = matmul_input({5, M, K}, DType::float16, seed++);
+  Tensor lhs(DType::int32, {3}), rhs(DType::int64, {3});
+  const int l[] = {4, 0, 2};
+  const std::int64_t r[] = {3, 3, 0};
+  for (int i = 0; i < 3; ++i) {
+    lhs.data<std::int32_t>()[i] = l[i];
+    rhs.data<std::int64_t>()[i] = r[i];
+  }
+  {
+    const CudaBackend on;
+    const TensorView biases = w.q.biases.view(), lhs_view = lhs.view(), rhs_view = rhs.view();
+    const Tensor y = microscale::gather_qmm(x.view(), w.q.packed.view(), w.q.scales.view(), &biases, &lhs_view,
+                                            &rhs_view, true, w.q.spec);
+    expect_matmul(y, as_f32(x), w.values, {{4, 3}, {0, 3}, {2, 0}}, M, N, K, true, 1.0, {}, "gather_qmm");
+  }
+  for (bool global : {false, true}) {
+    const Tensor xq = matmul_input({M, K}, DType::float32, seed++), wf = matmul_input({N, K}, DType::float32, seed++);
+    std::optional<float> gx, gw;
+    if (global) {
+      gx = microscale::global_scale(xq.view());
+      gw = microscale::global_scale(wf.view());
+    }
+    QuantSpec two_level;  // nvfp4: the oracle's operands are the two-level values; alpha the rest
+    QuantSpec sx = two_level, sw = two_level;
+    sx.global_scale = gx;
+    sw.global_scale = gw;
+    std::vector<float> xv, wv;
+    {
+      const ReferenceBackend ref;
+      const microscale::Quantized qx = microscale::quantize(xq.view(), sx), qw = microscale::quantize(wf.view(), sw);
+      xv = as_f32(microscale::dequantize(qx.packed.view(), qx.scales.view(), nullptr, two_level, DType::float32));
+      wv = as_f32(microscale::dequantize(qw.packed.view(), qw.scales.view(), nullptr, two_level, DType::float32));
+    }
+    const double alpha = global ? double{*gx} * double{*gw} / (2688.0 * 2688.0) : 1.0;
+    const Tensor bias = matmul_input({N}, DType::float32, seed++);
+    const CudaBackend on;
+    const TensorView bias_view = bias.view();
+    const Tensor y = microscale::qqmm(xq.view(), wf.view(), nullptr, two_level, gx, gw, &bias_view);
+    expect_matmul(y, xv, wv, {{0, 0}}, M, N, K, true, alpha, as_f32(bias), global ? "qqmm 3-level" : "qqmm");
+  }
+}
+
 }  // namespace
