@@ -251,20 +251,43 @@ SourceWeight read_gptoss(const Checkpoint& ck, const std::string& n) {
   return w;
 }
 
+template <DType D>
+void store(std::byte* out, std::size_t i, float v) {
+  if constexpr (D == DType::float32) {
+    std::memcpy(out + 4 * i, &v, 4);
+  } else {
+    const std::uint16_t h = D == DType::bfloat16 ? encode_bf16(v) : encode_f16(v);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
 void put(std::byte* out, DType dt, std::size_t i, float v) {
   switch (dt) {
-    case DType::float32: std::memcpy(out + 4 * i, &v, 4); return;
-    case DType::bfloat16: {
-      const std::uint16_t h = encode_bf16(v);
-      std::memcpy(out + 2 * i, &h, 2);
-      return;
-    }
-    case DType::float16: {
-      const std::uint16_t h = encode_f16(v);
-      std::memcpy(out + 2 * i, &h, 2);
-      return;
-    }
+    case DType::float32: return store<DType::float32>(out, i, v);
+    case DType::bfloat16: return store<DType::bfloat16>(out, i, v);
+    case DType::float16: return store<DType::float16>(out, i, v);
     default: throw Error(std::string("sources decode to float dtypes only, not ") + dtype_name(dt));
+  }
+}
+
+// Row by row, one run of columns per scale, so the inner loop is a table lookup and a multiply.
+template <DType D>
+void decode_fp8_into(std::byte* out, const std::uint8_t* codes, const std::vector<float>& scales,
+                     const SourceWeight& w) {
+  std::array<float, 256> e4m3;
+  for (int c = 0; c < 256; ++c) e4m3[static_cast<std::size_t>(c)] = decode_e4m3(static_cast<std::uint8_t>(c));
+  const std::int64_t rows = w.shape[0], cols = w.shape[1];
+  const std::int64_t scale_cols = cols == 0 ? 0 : ceil_div(cols, w.block_cols);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* row_scales = scales.data() + (i / w.block_rows) * scale_cols;
+    for (std::int64_t j = 0; j < cols;) {
+      const float scale = row_scales[j / w.block_cols];
+      const std::int64_t end = j + std::min(cols - j, w.block_cols - j % w.block_cols);
+      for (; j < end; ++j) {
+        const auto at = static_cast<std::size_t>(i * cols + j);
+        store<D>(out, at, e4m3[codes[at]] * scale);  // one float32 multiplication
+      }
+    }
   }
 }
 
@@ -272,19 +295,13 @@ Tensor decode_fp8(const Checkpoint& ck, const SourceWeight& w, DType dt) {
   const StTensor& q = ck.tensor(w.data);
   const StTensor& s = ck.tensor(w.scale);
   const std::vector<float> scales = fp8_scales(s);
-  std::array<float, 256> e4m3;
-  for (int c = 0; c < 256; ++c) e4m3[static_cast<std::size_t>(c)] = decode_e4m3(static_cast<std::uint8_t>(c));
-  const std::int64_t rows = w.shape[0], cols = w.shape[1];
-  const std::int64_t scale_cols = cols == 0 ? 0 : ceil_div(cols, w.block_cols);
   Tensor out(dt, w.shape);
   const auto* codes = reinterpret_cast<const std::uint8_t*>(q.data.data());
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const std::int64_t scale_row = (i / w.block_rows) * scale_cols;
-    for (std::int64_t j = 0; j < cols; ++j) {
-      const float scale = scales[static_cast<std::size_t>(scale_row + j / w.block_cols)];
-      const auto at = static_cast<std::size_t>(i * cols + j);
-      put(out.bytes(), dt, at, e4m3[codes[at]] * scale);  // one float32 multiplication
-    }
+  switch (dt) {
+    case DType::float32: decode_fp8_into<DType::float32>(out.bytes(), codes, scales, w); break;
+    case DType::bfloat16: decode_fp8_into<DType::bfloat16>(out.bytes(), codes, scales, w); break;
+    case DType::float16: decode_fp8_into<DType::float16>(out.bytes(), codes, scales, w); break;
+    default: throw Error(std::string("sources decode to float dtypes only, not ") + dtype_name(dt));
   }
   release(q.data);
   release(s.data);

@@ -213,6 +213,28 @@ def test_quantize_from_fp8_equals_quantizing_the_decoded_weights(tmp_path, kind,
         assert ca.get(key) == cb.get(key), key
 
 
+def test_fp8_scales_in_another_shard(tmp_path):
+    """An index may put a weight and its scale in different shards: both are still read together."""
+    tensors, config, hf, oracle = make_fp8("fp8-block")
+    src = tmp_path / "src"
+    write_dir(src, {}, config, hf)
+    os.remove(src / "model.safetensors")
+    scales = {n: a for n, a in tensors.items() if n.endswith("_scale_inv")}
+    rest = {n: a for n, a in tensors.items() if n not in scales}
+    files = {"model-00001-of-00002.safetensors": rest, "model-00002-of-00002.safetensors": scales}
+    for fname, part in files.items():
+        save(src / fname, part)
+    with open(src / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": {n: fn for fn, part in files.items() for n in part}}, f)
+    run("dequantize", src, "-o", tmp_path / "dq", "--dtype", "float32")
+    got = load_all(str(tmp_path / "dq"))
+    for name, want in oracle.items():
+        assert np.array_equal(got[name], want), name
+    assert not any(n.endswith("_scale_inv") for n in got)
+    run("quantize", src, "-o", tmp_path / "q", "--format", "nvfp4")
+    assert "model.layers.0.mlp.down_proj.weight_packed" in load_all(str(tmp_path / "q"))
+
+
 def test_quantize_from_fp8_keeps_excluded_fp8_weights_as_float32(tmp_path):
     tensors, config, hf, oracle = make_fp8("fp8-block")
     write_dir(tmp_path / "src", tensors, config, hf)
