@@ -175,7 +175,9 @@ SourceWeight read_fp8(const Checkpoint& ck, const Fp8Config& cfg, const std::str
                   cfg.method + "\" (expected \"fp8\")");
   } else if (ck.contains(plain)) {
     w.scale = plain;
-    if (cfg.method == "compressed-tensors")
+    if (cfg.method == "fp8")  // transformers' FP8 embeddings: one weight_scale per table
+      kind = SourceKind::fp8_block;
+    else if (cfg.method == "compressed-tensors")
       kind = SourceKind::ct_fp8;
     else if (cfg.method == "modelopt" || (cfg.method.empty() && cfg.modelopt_file))
       kind = SourceKind::modelopt_fp8;
@@ -183,7 +185,7 @@ SourceWeight read_fp8(const Checkpoint& ck, const Fp8Config& cfg, const std::str
       throw Error("FP8 weight " + detail::quote(n) + " has a weight_scale, but config.json's quantization_config " +
                   (cfg.method.empty() ? std::string("does not name its producer")
                                       : "names quant_method \"" + cfg.method + "\"") +
-                  " (expected \"compressed-tensors\" or \"modelopt\", which define how the scale applies)");
+                  " (expected \"compressed-tensors\" or \"modelopt\", which define how the scale applies, or \"fp8\")");
   } else {
     throw Error("FP8 weight " + detail::quote(n) + " has no scale: expected " + detail::quote(inv) +
                 " (DeepSeek / Qwen FP8) or " + detail::quote(plain) + " (compressed-tensors, ModelOpt)");
@@ -198,7 +200,7 @@ SourceWeight read_fp8(const Checkpoint& ck, const Fp8Config& cfg, const std::str
   const std::int64_t all_rows = std::max<std::int64_t>(rows, 1), all_cols = std::max<std::int64_t>(cols, 1);
   std::vector<std::pair<std::array<std::int64_t, 2>, Shape>> allowed;  // block, the scale shape it needs
   auto allow = [&](std::int64_t br, std::int64_t bc, Shape shape) { allowed.push_back({{br, bc}, std::move(shape)}); };
-  if (kind == SourceKind::fp8_block && cfg.block) {
+  if (kind == SourceKind::fp8_block && cfg.block && w.scale == inv) {
     const auto [br, bc] = *cfg.block;
     allow(br, bc, {ceil_div(rows, br), ceil_div(cols, bc)});
   } else {

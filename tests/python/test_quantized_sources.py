@@ -235,6 +235,24 @@ def test_fp8_scales_in_another_shard(tmp_path):
     assert "model.layers.0.mlp.down_proj.weight_packed" in load_all(str(tmp_path / "q"))
 
 
+def test_fp8_embedding_with_a_per_table_weight_scale(tmp_path):
+    """transformers' FP8 embeddings keep one `weight_scale` per table next to block-scaled Linears."""
+    tensors, config, hf, oracle = make_fp8("fp8-block")
+    emb = plain_tensors()["model.embed_tokens.weight"].astype(np.float32)
+    s = np.array([np.abs(emb).max() / 448], np.float32)
+    tensors["model.embed_tokens.weight"] = to_e4m3(emb, s)
+    tensors["model.embed_tokens.weight_scale"] = s
+    write_dir(tmp_path / "src", tensors, config, hf)
+    want = tensors["model.embed_tokens.weight"].astype(np.float32) * s
+    run("dequantize", tmp_path / "src", "-o", tmp_path / "dq", "--dtype", "float32")
+    assert np.array_equal(load_all(str(tmp_path / "dq"))["model.embed_tokens.weight"], want)
+    r = run("quantize", tmp_path / "src", "-o", tmp_path / "q", "--format", "nvfp4")
+    got = load_all(str(tmp_path / "q"))
+    assert np.array_equal(got["model.embed_tokens.weight"], want)  # kept (an embedding), as its float32 values
+    assert "model.embed_tokens.weight_scale" not in got
+    assert "model.layers.0.mlp.down_proj.weight_packed" in got, r.stdout
+
+
 def test_quantize_from_fp8_keeps_excluded_fp8_weights_as_float32(tmp_path):
     tensors, config, hf, oracle = make_fp8("fp8-block")
     write_dir(tmp_path / "src", tensors, config, hf)
