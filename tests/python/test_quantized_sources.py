@@ -435,3 +435,40 @@ def test_fp8_dequantize_matches_the_ecosystems_decoders(tmp_path, kind):
             want = dequantize(q, s, args=args)
         assert want.dtype == torch.bfloat16
         assert np.array_equal(want.view(torch.int16).numpy().view(np.uint16), got[name].view(np.uint16)), name
+
+
+def test_gptoss_dequantized_checkpoint_loads_in_transformers(tmp_path):
+    """A tiny gpt-oss from transformers' own class, its experts replaced by MXFP4 blocks and scales
+    under the published names: the dequantized checkpoint loads into GptOssForCausalLM with no
+    missing or unexpected weights, and its experts hold transformers' own decode of the blocks."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
+    cfg = transformers.GptOssConfig(vocab_size=64, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=2,
+                                    num_experts_per_tok=1, layer_types=["full_attention"])
+    model = transformers.GptOssForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16", safe_serialization=True)
+    tensors = load_all(str(tmp_path / "bf16"))
+    rng = np.random.default_rng(5)
+    packed = {}
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        _, k, n_out = tensors.pop(name).shape  # transformers keeps [E, in, out]
+        packed[name + "_blocks"] = rng.integers(0, 256, (cfg.num_local_experts, n_out, k // 32, 16), dtype=np.uint8)
+        packed[name + "_scales"] = rng.integers(118, 128, (cfg.num_local_experts, n_out, k // 32), dtype=np.uint8)
+    with open(tmp_path / "bf16" / "config.json") as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    write_dir(tmp_path / "src", {**tensors, **packed}, config)
+    run("dequantize", tmp_path / "src", "-o", tmp_path / "dq")
+
+    loaded, info = transformers.GptOssForCausalLM.from_pretrained(tmp_path / "dq", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    params = dict(loaded.named_parameters())
+    for name in [n[:-len("_blocks")] for n in packed if n.endswith("_blocks")]:
+        want = mxfp4.convert_moe_packed_tensors(torch.from_numpy(packed[name + "_blocks"]),
+                                                torch.from_numpy(packed[name + "_scales"]), dtype=torch.bfloat16)
+        assert torch.equal(params[name].detach().to(torch.bfloat16), want), name
+    with torch.no_grad():
+        assert torch.isfinite(loaded(torch.tensor([[1, 2, 3]])).logits).all()
