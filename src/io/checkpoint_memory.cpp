@@ -54,6 +54,10 @@ CheckpointData load_checkpoint(const fs::path& path) {
   const Input in = open_complete(path);
   const Detected det = detect(in.ck, in.config);
   check_unsupported(det);
+  if (det.sources.kind)
+    throw Error(path.string() + " is a quantized source (" + std::string(name(*det.sources.kind)) +
+                "), which load_checkpoint does not hold in memory; use dequantize_checkpoint for float weights or "
+                "quantize_checkpoint to re-quantize it");
   CheckpointData data;
   data.convention = det.convention_name();
   for (const Layer& l : det.layers) {

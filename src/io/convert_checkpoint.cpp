@@ -51,7 +51,8 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
   const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   check_unsupported(det);
-  if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers; nothing to dequantize");
+  if (det.layers.empty() && !det.sources.kind)
+    throw Error(in_path.string() + " holds no quantized layers; nothing to dequantize");
   Report report;
   const DType dtype = opt.dtype ? *opt.dtype : source_dtype(in, det, report);
   std::vector<Item> items;
@@ -70,8 +71,11 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
     };
     items.push_back(std::move(it));
   }
+  for (const SourceWeight& w : det.sources.weights)
+    items.push_back(source_item(in, w, dtype, report, TensorAction::dequantized));
+  note_dropped(det.sources, report);
   for (const std::string& n : in.ck.names())
-    if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
+    if (!det.consumed.count(n) && !det.sources.consumed.count(n)) items.push_back(passthrough(in, n, report));
   if (acts) report.notes.push_back(std::to_string(acts) + " activation scales dropped (the output is not quantized)");
 
   Staging st(in.dir, out, opt.force);
@@ -87,6 +91,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   const Input in = open_complete(in_path);
   Detected det = detect(in.ck, in.config);
   check_unsupported(det);
+  if (det.sources.kind) refuse_convert(det.sources, in_path.string());
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");
   const LayoutOps& lay = layout(opt.to);
   Report report;

@@ -88,6 +88,29 @@ void describe_part(InspectRow& row, const StTensor& t, const Layer& l, Role role
   }
 }
 
+// The row of tensor `n` of a quantized source: a weight (stats of its decoded values), a scale,
+// or an activation / KV-cache scale that dequantize and quantize drop.
+void describe_source(InspectRow& row, const StTensor& t, const Checkpoint& ck, const Sources& s, bool stats) {
+  const std::string kind = name(*s.kind);
+  if (const SourceWeight* w = s.find(t.name)) {
+    row.format = kind + (is_fp8(*s.kind) ? " weight" : " blocks");
+    row.detail = w->describe();
+    if (stats) {
+      const Tensor y = decode_source(ck, *w, DType::float32);
+      row.stats = stats_of({y.bytes(), y.nbytes()}, StDType::f32, static_cast<std::size_t>(y.numel()));
+    }
+  } else if (const SourceWeight* of = s.find(t.name, true)) {
+    row.format = kind + " scales";
+    row.detail = "of " + detail::quote(of->data);
+    if (stats)
+      row.stats =
+          stats_of(t.data, t.dtype == StDType::u8 ? StDType::f8_e8m0 : t.dtype, static_cast<std::size_t>(t.numel()));
+  } else {
+    row.format = "dropped";
+    row.detail = kind + " activation / KV-cache scale (not written by dequantize or quantize)";
+  }
+}
+
 }  // namespace
 
 InspectResult inspect_checkpoint(const fs::path& path, bool stats, const ProgressFn& progress) {
@@ -118,6 +141,8 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
     row.shape = t.shape;
     if (auto it = part.find(n); it != part.end()) {
       describe_part(row, t, *it->second.first, it->second.second, stats);
+    } else if (det.sources.consumed.count(n)) {
+      describe_source(row, t, in.ck, det.sources, stats);
     } else if (unsupported.count(n)) {
       row.format = "unsupported quantized";
     } else if (std::find(det.strays.begin(), det.strays.end(), n) != det.strays.end()) {
@@ -140,6 +165,10 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
   }
   if (!det.layers.empty())
     res.notes.push_back(std::to_string(det.layers.size()) + " quantized layers (" + det.convention_name() + ")");
+  if (det.sources.kind)
+    res.notes.push_back(std::to_string(det.sources.weights.size()) + " quantized source weights (" +
+                        name(*det.sources.kind) + "): microscale dequantize decodes them" +
+                        (is_fp8(*det.sources.kind) ? ", microscale quantize re-quantizes them" : ""));
   const auto groups = fused_global_scales(det.layers);
   const auto differing = std::count_if(groups.begin(), groups.end(), [](const FusedScales& g) { return g.differ(); });
   if (differing)

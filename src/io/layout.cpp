@@ -78,6 +78,9 @@ Detected detect(const Checkpoint& ck, const Json& config) {
       break;
     }
   }
+  d.sources = scan_sources(ck, config, d.consumed);
+  if (d.sources.kind && !kinds.empty())
+    throw Error("checkpoint mixes quantized layouts (" + *kinds.begin() + ", " + name(*d.sources.kind) + ")");
   // A tensor named like a part of a quantized layer that the layer's layout does not read (a
   // ModelOpt layer beside "m.input_global_scale", say) is a mix of layouts: another layout would
   // read it as part of the layer, so it can neither be dropped nor copied through.
@@ -85,7 +88,7 @@ Detected detect(const Checkpoint& ck, const Json& config) {
   for (const Layer& l : d.layers) modules.insert(l.module);
   // Quantized data we cannot interpret: 8-bit float weights (FP8 checkpoints), leftover scales.
   for (const std::string& n : ck.names()) {
-    if (d.consumed.count(n)) continue;
+    if (d.consumed.count(n) || d.sources.consumed.count(n)) continue;
     if (const std::string m = module_of(n); m != n && modules.count(m)) {
       d.strays.push_back(n);
       continue;

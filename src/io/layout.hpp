@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/layer.hpp"
+#include "io/source.hpp"
 
 namespace microscale::io::ck {
 
@@ -71,8 +72,11 @@ struct Detected {
   std::set<std::string> consumed;        // tensor names that belong to a layer
   std::vector<std::string> unsupported;  // quantized tensors of layouts we cannot read
   std::vector<std::string> strays;       // named like a part of a quantized layer its layout does not read
+  Sources sources;                       // weights of a quantized source format (FP8, gpt-oss MXFP4)
 
-  std::string convention_name() const { return convention ? name(*convention) : "none"; }
+  std::string convention_name() const {
+    return convention ? name(*convention) : sources.kind ? name(*sources.kind) : "none";
+  }
 };
 Detected detect(const Checkpoint& ck, const Json& config);
 // Refuses strays and unsupported tensors (convert, dequantize, load).

@@ -99,14 +99,15 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   if (!det.layers.empty())
     throw Error(in_path.string() + " is already quantized (" + det.convention_name() +
                 "); use microscale convert or microscale dequantize");
-  if (!det.unsupported.empty()) {  // e.g. an FP8 release: convert and dequantize cannot read it either
+  check_quantizable(det.sources, in_path.string());  // FP8 sources are decoded below; gpt-oss is refused
+  if (!det.unsupported.empty()) {  // e.g. FP8 E5M2 weights: convert and dequantize cannot read them either
     std::string list;
     for (std::size_t i = 0; i < det.unsupported.size() && i < 3; ++i) {
       const std::string& n = det.unsupported[i];
       list += (i ? ", " : "") + detail::quote(n) + " " + st_dtype_name(in.ck.tensor(n).dtype);
     }
     throw Error(in_path.string() + " holds weights already quantized in a format microscale does not read (" + list +
-                "; FP8 and other quantized sources are not supported yet). Start from the model's float "
+                "; a quantized format microscale does not read). Start from the model's float "
                 "(bfloat16/float16/float32) release, or dequantize this one to float with its own tools first");
   }
 
@@ -135,14 +136,16 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   std::set<std::string> all_modules;
   for (const std::string& n : in.ck.names()) {
     const StTensor& t = in.ck.tensor(n);
+    if (det.sources.consumed.count(n) && !det.sources.find(n)) continue;  // FP8 scales: dropped
+    const StDType dtype = det.sources.find(n) ? StDType::f32 : t.dtype;   // FP8 weights decode to float32
     all_modules.insert(module_of(n));
     if (!looks_like_weight(n, t.shape)) continue;  // biases, norms, buffers: copied
     const std::string m = owner_module(n);
-    Keep why = t.shape.size() != 2 ? Keep::rank : default_keep(n, t.shape, t.dtype);
+    Keep why = t.shape.size() != 2 ? Keep::rank : default_keep(n, t.shape, dtype);
     if (by_name(why) && matches(opt.include, m)) why = Keep::quantize;
     if (why == Keep::quantize && matches(opt.exclude, m)) why = Keep::excluded;
     if (why == Keep::quantize && t.shape[1] % base.group_size != 0) why = Keep::group;
-    const std::string reason = kept_reason(why, n, t.shape, t.dtype, base.group_size);
+    const std::string reason = kept_reason(why, n, t.shape, dtype, base.group_size);
     if (!weight_modules.count(m) || why != Keep::quantize) weight_modules[m] = reason;
     if (why != Keep::quantize) {
       kept[n] = reason;
@@ -157,7 +160,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     l.group = base.group_size;
     l.bits = base.bits;
     l.shape = t.shape;
-    l.float_dtype = t.dtype;
+    l.float_dtype = dtype;
     if (three) l.global = Global::of_amax(1.0f);
     chosen.push_back({n, m, std::move(l)});
   }
@@ -244,7 +247,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       for (const std::string& m : g) {
         const StTensor& t = in.ck.tensor(*tensor_of[m]);
         Tensor storage;
-        mx = std::max(mx, global_scale(view_of(t.data, t.dtype, t.shape, storage)));
+        mx = std::max(mx, global_scale(float_values(in.ck, det.sources, *tensor_of[m], storage)));
         release(t.data);
       }
       for (const std::string& m : g) shared[m] = mx;
@@ -261,8 +264,12 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   for (const std::string& n : in.ck.names()) {
     auto sel = by_name.find(n);
     if (sel == by_name.end()) {
+      if (det.sources.consumed.count(n) && !det.sources.find(n)) continue;  // FP8 scales: dropped
       const auto k = kept.find(n);
-      items.push_back(k == kept.end() ? passthrough(in, n, report) : passthrough(in, n, report, k->second));
+      if (const SourceWeight* w = det.sources.find(n))  // an FP8 weight left unquantized: its float32 values
+        items.push_back(source_item(in, *w, DType::float32, report, TensorAction::kept, k->second));
+      else
+        items.push_back(k == kept.end() ? passthrough(in, n, report) : passthrough(in, n, report, k->second));
       continue;
     }
     const Sel& s = *sel->second;
@@ -270,14 +277,16 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     it.entries = entries_of(emit(s.skel, opt.to));
     it.run = [&, sp = &s](SafetensorsWriter& w) {
       const StTensor& src = in.ck.tensor(sp->name);
-      const std::int64_t nonfinite = count_nonfinite(src.data, src.dtype);
+      Tensor storage;
+      const TensorView x = float_values(in.ck, det.sources, sp->name, storage);
+      const std::int64_t nonfinite = count_nonfinite(
+          {static_cast<const std::byte*>(x.data), static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype)},
+          to_st_dtype(x.dtype));
       if (nonfinite && base.nonfinite == NonFinite::error)
         throw Error("tensor " + detail::quote(sp->name) + " has " + std::to_string(nonfinite) +
                     " non-finite values (NaN/Inf) of " + std::to_string(src.numel()) +
                     "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
                     "in the blocks they hit) or saturate");
-      Tensor storage;
-      const TensorView x = view_of(src.data, src.dtype, src.shape, storage);
       QuantSpec spec = base;
       if (three) {
         auto sh = shared.find(sp->module);
@@ -311,6 +320,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     items.push_back(std::move(it));
   }
 
+  note_dropped(det.sources, report);
   Staging st(in.dir, out, opt.force);
   execute(in, st.dir(), items, lay.shard_format, opt.progress, report);
   finish_dir(in, st, opt.to, meta, report);

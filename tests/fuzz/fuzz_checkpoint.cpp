@@ -12,10 +12,12 @@
 //   group bits mode   indexes into kConfigInts, kConfigInts, kModes (config kinds 2-4)
 //   [len text]        config kind 6 only: raw config.json text
 //   count             number of tensors (mod 9)
-//   per tensor: module suffix dtype rank shard dim0 dim1 dim2 (dims: kDims index, or small value)
+//   per tensor: module suffix dtype rank shard dim0 dim1 dim2 [dim3 for rank 4] (dims: kDims index, or
+//               small value)
 //   the rest          tensor data, taken in order and repeated as needed
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -84,18 +86,11 @@ const char* const kModules[] = {"m", "model.layers.0.self_attn.q_proj", "model.l
                                 "model.layers.0.mlp.gate_proj", "lm_head", "model.embed_tokens", "model.norm", "x",
                                 // hostile: empty, dots, glob characters, non-ASCII, a control byte
                                 "", ".", "a..b", "layers.*.q_proj", "\xc3\xa9.q_proj", "m\n", "__metadata__"};
-const char* const kSuffixes[] = {".weight",
-                                 ".weight_packed",
-                                 ".weight_scale",
-                                 ".weight_global_scale",
-                                 ".weight_scale_2",
-                                 ".input_scale",
-                                 ".input_global_scale",
-                                 ".scales",
-                                 ".biases",
-                                 ".weight_zero_point",
-                                 ".bias",
-                                 ""};
+const char* const kSuffixes[] = {".weight", ".weight_packed", ".weight_scale", ".weight_global_scale",
+                                 ".weight_scale_2", ".input_scale", ".input_global_scale", ".scales", ".biases",
+                                 ".weight_zero_point", ".bias", "",
+                                 // quantized sources: DeepSeek FP8 scales, gpt-oss MXFP4 experts
+                                 ".weight_scale_inv", "_blocks", "_scales"};
 constexpr StDType kLikely[] = {StDType::u8,   StDType::u32, StDType::f8_e4m3, StDType::f16,
                                StDType::bf16, StDType::f32, StDType::f8_e8m0, StDType::u8};
 constexpr std::uint64_t kMaxTensorBytes = 1 << 16;
@@ -249,12 +244,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int count = in.byte() % 9;
   for (int i = 0; i < count; ++i) {
     TensorSpec t;
-    t.name = std::string(i == 0 ? pick(kModules, module0) : pick(kModules, in.byte())) + pick(kSuffixes, in.byte());
+    // Two statements: the operands of + may be evaluated in either order (GCC reads the suffix first).
+    const std::string module = i == 0 ? pick(kModules, module0) : pick(kModules, in.byte());
+    t.name = module + pick(kSuffixes, in.byte());
     const std::uint8_t d = in.byte();
     t.dtype = d < 128 ? pick(kLikely, d) : static_cast<StDType>(d % kStDTypeCount);
-    const int rank = pick({2, 2, 2, 1, 0, 3}, in.byte());
+    const int rank = pick({2, 2, 2, 1, 0, 3, 4}, in.byte());  // 4: gpt-oss expert blocks
     t.shard = in.byte() & 1;
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < std::max(rank, 3); ++r) {
       const std::int64_t v = dim(in.byte());
       if (r < rank) t.shape.push_back(v);
     }

@@ -13,10 +13,11 @@ MODES = [None, "affine", "nvfp4", "mxfp4", "mxfp8", "bogus"]
 MODULES = ["m", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",  # first entries of kModules
            "model.layers.0.mlp.gate_proj", "lm_head", "model.embed_tokens", "model.norm", "x"]
 SUFFIXES = [".weight", ".weight_packed", ".weight_scale", ".weight_global_scale", ".weight_scale_2",
-            ".input_scale", ".input_global_scale", ".scales", ".biases", ".weight_zero_point", ".bias", ""]
+            ".input_scale", ".input_global_scale", ".scales", ".biases", ".weight_zero_point", ".bias", "",
+            ".weight_scale_inv", "_blocks", "_scales"]
 LIKELY = ["U8", "U32", "F8_E4M3", "F16", "BF16", "F32", "F8_E8M0"]
 CONFIG_KINDS = {None: 0, "empty": 1, "mlx": 2, "mlx_override": 3, "ct": 4, "modelopt": 5, "raw": 6, "bad": 7}
-RANKS = {2: 0, 1: 3, 0: 4, 3: 5}
+RANKS = {2: 0, 1: 3, 0: 4, 3: 5, 4: 6}
 
 
 def dim(v):
@@ -37,7 +38,7 @@ def seed(config=None, group=64, bits=4, mode=None, tensors=(), data=b"", sharded
         shard = t[4] if len(t) > 4 else 0
         if i:
             out += bytes([MODULES.index(module)])
-        dims = [dim(d) for d in shape] + [0] * (3 - len(shape))
+        dims = [dim(d) for d in shape] + [0] * (3 - len(shape))  # rank 4 writes a fourth dim
         out += bytes([SUFFIXES.index(suffix), LIKELY.index(dtype), RANKS[len(shape)], shard] + dims)
     return out + data
 
@@ -47,6 +48,7 @@ def main():
     one = struct.pack("<f", 1.0)
     packed = bytes((i * 37 + 11) & 0xFF for i in range(32))
     halves = struct.pack("<4e", 0.01, 0.02, 0.03, 0.04)
+    e4m3 = bytes((i * 29 + 3) & 0x77 for i in range(256))  # E4M3 codes without the NaN ones
     seeds = {
         # The reported SIGFPE: U32 [0, 2^40] over one F16 scale column (group 2^43 truncated to 0).
         "mlx_sigfpe_empty_rows": seed("mlx", tensors=[("m", ".weight", "U32", [0, 2**40]),
@@ -100,6 +102,29 @@ def main():
         "raw_config": seed("raw", raw_config=b'{"quantization": {"bits": 4, "group_size": 64, "m": 7}}',
                            tensors=[("m", ".weight", "U32", [4, 8]), ("m", ".scales", "F16", [4, 1]),
                                     ("m", ".biases", "F16", [4, 1])]),
+        # Quantized sources (docs/checkpoints.md, "Quantized sources"): valid layers of each, and
+        # a block grid over an empty weight with a hostile width.
+        "fp8_block": seed("raw", raw_config=b'{"quantization_config": {"quant_method": "fp8", '
+                                            b'"weight_block_size": [2, 32]}}',
+                          tensors=[("m", ".weight", "F8_E4M3", [4, 64]), ("m", ".weight_scale_inv", "F32", [2, 2])],
+                          data=e4m3 + struct.pack("<4f", 0.5, 0.25, 2.0, 0.125)),
+        "fp8_block_empty_wide": seed("raw", raw_config=b'{"quantization_config": {"quant_method": "fp8", '
+                                                       b'"weight_block_size": [128, 128]}}',
+                                     tensors=[("m", ".weight", "F8_E4M3", [0, 2**62]),
+                                              ("m", ".weight_scale_inv", "F32", [0, 2**58])]),
+        "ct_fp8_channel": seed("raw", raw_config=b'{"quantization_config": {"quant_method": "compressed-tensors", '
+                                                 b'"format": "float-quantized"}}',
+                               tensors=[("m", ".weight", "F8_E4M3", [4, 64]), ("m", ".weight_scale", "BF16", [4, 1]),
+                                        ("m", ".input_scale", "BF16", [1])],
+                               data=e4m3 + struct.pack("<5e", 0.5, 0.25, 2.0, 0.125, 1.0)),
+        "modelopt_fp8": seed("raw", raw_config=b'{"quantization_config": {"quant_method": "modelopt", '
+                                               b'"quant_algo": "FP8"}}',
+                             tensors=[("m", ".weight", "F8_E4M3", [4, 64]), ("m", ".weight_scale", "F32", []),
+                                      ("m", ".input_scale", "F32", [])],
+                             data=e4m3 + one + one),
+        "gptoss_mxfp4": seed("raw", raw_config=b'{"quantization_config": {"quant_method": "mxfp4"}}',
+                             tensors=[("m", "_blocks", "U8", [2, 4, 2, 16]), ("m", "_scales", "U8", [2, 4, 2])],
+                             data=packed * 8 + bytes(range(120, 136))),
     }
     for name, b in seeds.items():
         with open(os.path.join(HERE, name + ".bin"), "wb") as f:

@@ -418,17 +418,51 @@ const TensorReport* find_report(const Report& r, const std::string& name) {
   return nullptr;
 }
 
-// An FP8 release (DeepSeek-style block scales) is no float model to quantize and no layout
-// convert or dequantize reads: each says so instead of sending the user to the other.
-TEST(Convert, Fp8SourceIsNamedNotCalledAlreadyQuantized) {
+// An FP8 release is a quantized source: quantize decodes it (E4M3 x scale in float32) and
+// re-quantizes, dequantize writes the decoded values, convert and load_checkpoint refuse it saying
+// what works. FP8 formats without a reader (E5M2 weights) are still refused by name.
+TEST(Convert, Fp8SourcesAreDecodedNotRefused) {
   TinyModel m;
-  m.add("model.layers.0.mlp.down_proj.weight_scale_inv", {1, 1}, StDType::f32);
+  const std::string down = "model.layers.0.mlp.down_proj";
+  m.add(down + ".weight_scale_inv", {1, 1}, StDType::f32, [](std::int64_t) { return 0.02; });
   m.add("model.norm.weight", {64});
-  m.store.emplace_back(64 * 128, std::byte{0x38});
-  m.tensors.push_back({"model.layers.0.mlp.down_proj.weight", StDType::f8_e4m3, {64, 128}, m.store.back()});
-  m.write(R"({"model_type": "llama", "quantization_config": {"quant_method": "fp8"}})");
+  m.store.emplace_back(64 * 128, std::byte{0x38});  // E4M3 1.0
+  m.tensors.push_back({down + ".weight", StDType::f8_e4m3, {64, 128}, m.store.back()});
+  m.write(R"({"model_type": "llama", "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "fp8"}})");
+
+  const InspectResult ir = inspect_checkpoint(m.in);
+  EXPECT_EQ(ir.convention, "fp8-block");
+  const Report q = quantize_checkpoint(m.in, m.dir / "q", qopt(Mode::nvfp4, Convention::compressed_tensors));
+  ASSERT_NE(find_report(q, down), nullptr);
+  EXPECT_EQ(find_report(q, down)->action, TensorAction::quantized);
+  Checkpoint c = Checkpoint::open(m.dir / "q");
+  EXPECT_TRUE(c.contains(down + ".weight_packed"));
+  EXPECT_FALSE(c.contains(down + ".weight_scale_inv"));
+
+  dequantize_checkpoint(m.in, m.dir / "d", DequantizeOptions());
+  Checkpoint d = Checkpoint::open(m.dir / "d");
+  const StTensor& w = d.tensor(down + ".weight");
+  ASSERT_EQ(w.dtype, StDType::bf16);
+  std::uint16_t first;
+  std::memcpy(&first, w.data.data(), 2);
+  EXPECT_EQ(first, encode_bf16(1.0f * 0.02f));  // 1.0 x the float32 scale, rounded once to bfloat16
+  EXPECT_FALSE(d.contains(down + ".weight_scale_inv"));
+
+  ConvertOptions co;
+  co.to = Convention::mlx;
+  expect_error([&] { convert_checkpoint(m.in, m.dir / "c", co); }, {"fp8-block", "microscale quantize"});
+  expect_error([&] { (void)load_checkpoint(m.in); }, {"fp8-block", "dequantize_checkpoint"});
+  EXPECT_FALSE(fs::exists(m.dir / "c"));
+}
+
+TEST(Convert, Fp8E5m2WeightsAreRefusedByName) {
+  TinyModel m;
+  m.add("model.norm.weight", {64});
+  m.store.emplace_back(64 * 128, std::byte{0x3C});
+  m.tensors.push_back({"model.layers.0.mlp.down_proj.weight", StDType::f8_e5m2, {64, 128}, m.store.back()});
+  m.write(R"({"model_type": "llama"})");
   expect_error([&] { quantize_checkpoint(m.in, m.dir / "q", qopt(Mode::nvfp4, Convention::compressed_tensors)); },
-               {"down_proj.weight\" F8_E4M3", "not supported", "float"});
+               {"down_proj.weight\" F8_E5M2", "does not read", "float"});
   try {
     quantize_checkpoint(m.in, m.dir / "q", qopt(Mode::nvfp4, Convention::compressed_tensors));
   } catch (const Error& e) {
