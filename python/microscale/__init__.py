@@ -247,7 +247,10 @@ def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propag
 
 
 def _dtype_name(dtype):
-    """'float32' | 'float16' | 'bfloat16' from a name, numpy dtype or ml_dtypes type."""
+    """'float32' | 'float16' | 'bfloat16' from a name, numpy dtype, ml_dtypes type, or torch or
+    MLX dtype."""
+    if type(dtype).__module__.startswith(("torch", "mlx")):
+        dtype = str(dtype).rsplit(".", 1)[-1]  # torch.bfloat16, mlx.core.float16: by name
     if isinstance(dtype, str):
         if dtype in _NAME_TO_DTYPE:
             return dtype
@@ -343,7 +346,7 @@ def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype=
       global_scale: nvfp4 only: the amax that was passed to :func:`quantize` (three-level decode
         ``val(q) * ((val(s) * amax) * fl(1/2688))``); None for two-level data.
       dtype: output dtype, ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (also as numpy
-        / ml_dtypes dtypes). Every value is computed in float32 and rounded once.
+        / ml_dtypes, torch or MLX dtypes). Every value is computed in float32 and rounded once.
       scale_rule, nonfinite: accepted for symmetry with :func:`quantize` and validated; decoding
         does not depend on them.
       out_type: None (results are w_q's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
