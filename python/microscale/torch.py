@@ -30,7 +30,7 @@ forward pass saturates to.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 import numpy as np
 import torch
@@ -44,19 +44,21 @@ _MAX_CODE_BYTE = {("nvfp4", "e4m3"): 0x77, ("mxfp4", "e4m3"): 0x77, ("mxfp8", "e
                   ("mxfp8", "e5m2"): 0x7B}
 
 
-def _in_range(x, parts, mode, group_size, bits, global_scale_, elem):
+def _in_range(x: torch.Tensor, parts: tuple[Any, ...], mode: str, group_size: Optional[int],
+              bits: Optional[int], global_scale_: Optional[float], elem: str) -> torch.Tensor:
     """Bool tensor: where x is within its block's representable range (see the module doc)."""
     packed, scales = parts[0], parts[1]
     biases = parts[2] if len(parts) == 3 else None
-    kw = dict(mode=mode, group_size=group_size, bits=bits, global_scale=global_scale_, elem=elem,
-              dtype="float32", out_type="torch")
+    kw: dict[str, Any] = dict(mode=mode, group_size=group_size, bits=bits,
+                              global_scale=global_scale_, elem=elem, dtype="float32",
+                              out_type="torch")
     xf = x.detach().float()
     if mode == "affine":
-        lo = dequantize(torch.zeros_like(packed), scales, biases, **kw)
-        hi = dequantize(torch.full_like(packed, 0xFF), scales, biases, **kw)  # all codes 2^b-1
+        lo: torch.Tensor = dequantize(torch.zeros_like(packed), scales, biases, **kw)
+        hi: torch.Tensor = dequantize(torch.full_like(packed, 0xFF), scales, biases, **kw)  # codes 2^b-1
         half_step = (hi - lo).abs() / (2 * (2 ** (packed.shape[-1] * 8 // x.shape[-1]) - 1))
         return (xf >= torch.minimum(lo, hi) - half_step) & (xf <= torch.maximum(lo, hi) + half_step)
-    top = dequantize(torch.full_like(packed, _MAX_CODE_BYTE[(mode, elem)]), scales, **kw)
+    top: torch.Tensor = dequantize(torch.full_like(packed, _MAX_CODE_BYTE[(mode, elem)]), scales, **kw)
     return xf.abs() <= top
 
 
@@ -65,19 +67,21 @@ class FakeQuantize(torch.autograd.Function):
     :func:`fake_quantize`; ``apply(x, mode, group_size, bits, global_scale, scale_rule, elem)``."""
 
     @staticmethod
-    def forward(ctx, x, mode, group_size, bits, global_scale_, scale_rule, elem):
+    def forward(ctx: Any, x: torch.Tensor, mode: str, group_size: Optional[int],
+                bits: Optional[int], global_scale_: Optional[float], scale_rule: str,
+                elem: str) -> torch.Tensor:
         xd = x.detach()
         parts = quantize(xd, mode=mode, group_size=group_size, bits=bits,
                          global_scale=global_scale_, scale_rule=scale_rule, elem=elem,
                          out_type="torch")
-        y = dequantize(*parts, mode=mode, group_size=group_size, bits=bits,
+        y: torch.Tensor = dequantize(*parts, mode=mode, group_size=group_size, bits=bits,
                        global_scale=global_scale_, elem=elem, dtype=_dtype_name(x.dtype),
                        out_type="torch")
         ctx.save_for_backward(_in_range(xd, parts, mode, group_size, bits, global_scale_, elem))
         return y
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
         (mask,) = ctx.saved_tensors
         return grad * mask.to(grad.dtype), None, None, None, None, None, None
 
@@ -86,7 +90,7 @@ _TORCH_FLOAT_NAMES = {torch.float32: "float32", torch.float16: "float16",
                       torch.bfloat16: "bfloat16"}
 
 
-def _dtype_name(dtype):
+def _dtype_name(dtype: torch.dtype) -> str:
     name = _TORCH_FLOAT_NAMES.get(dtype)
     if name is None:
         raise TypeError(f"x: unsupported dtype {dtype} (expected float32, float16 or bfloat16)")
@@ -108,15 +112,26 @@ def fake_quantize(x: torch.Tensor, mode: str = "nvfp4", group_size: Optional[int
     _dtype_name(x.dtype)
     if isinstance(global_scale, torch.Tensor):
         global_scale = float(global_scale.detach().float().cpu())
-    return FakeQuantize.apply(x, mode, group_size, bits, global_scale, scale_rule, elem)
+    y: torch.Tensor = FakeQuantize.apply(x, mode, group_size, bits, global_scale, scale_rule, elem)
+    return y
 
 
-def _torch(arr):
+def _torch(arr: Any) -> Optional[torch.Tensor]:
     """A part (numpy, from the numpy layers) as a torch tensor sharing its memory."""
-    return None if arr is None else _deliver(np.ascontiguousarray(arr), OutType.torch)
+    if arr is None:
+        return None
+    t: torch.Tensor = _deliver(np.ascontiguousarray(arr), OutType.torch)
+    return t
 
 
-def _weight_and_bias(linear_or_weight, bias):
+def _req(arr: Any) -> torch.Tensor:
+    t = _torch(arr)
+    assert t is not None
+    return t
+
+
+def _weight_and_bias(linear_or_weight: Union[torch.nn.Linear, torch.Tensor],
+                     bias: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight, bias) of an nn.Linear or of a weight tensor and an optional bias."""
     if isinstance(linear_or_weight, torch.nn.Linear):
         if bias is not None:
@@ -168,7 +183,7 @@ class QuantizedLinear(torch.nn.Module):
                                          use_global_scale=use_global_scale,
                                          global_scale=global_scale, scale_rule=scale_rule,
                                          elem=elem)
-        return cls(_torch(layer.weight), _torch(layer.scales), _torch(layer.biases),
+        return cls(_req(layer.weight), _req(layer.scales), _torch(layer.biases),
                    _torch(layer.bias), layer.mode, layer.group_size, layer.bits,
                    layer.global_scale, layer.elem)
 
@@ -181,9 +196,11 @@ class QuantizedLinear(torch.nn.Module):
         return int(self.weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_matmul(x, self.weight, self.scales, self.biases, True, self.mode,
-                                self.group_size, self.bits, self.global_scale, self.elem,
-                                self.bias, out_type="torch")
+        y: torch.Tensor = quantized_matmul(x, self.weight, self.scales, self.biases, True,
+                                           self.mode, self.group_size, self.bits,
+                                           self.global_scale, self.elem, self.bias,
+                                           out_type="torch")
+        return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -238,7 +255,7 @@ class QQLinear(torch.nn.Module):
         layer = _NumpyQQ.from_linear(w, b, mode=mode, group_size=group_size, bits=bits,
                                      global_scale=global_scale, scale_rule=scale_rule,
                                      nonfinite=nonfinite, elem=elem)
-        return cls(_torch(layer.weight), _torch(layer.scales), _torch(layer.bias), layer.mode,
+        return cls(_req(layer.weight), _req(layer.scales), _torch(layer.bias), layer.mode,
                    layer.group_size, layer.bits, layer.global_scale, None, scale_rule,
                    nonfinite, elem)
 
@@ -265,9 +282,10 @@ class QQLinear(torch.nn.Module):
         gx = None
         if self.global_scale is not None:
             gx = self.input_global_scale if self.input_global_scale is not None else global_scale(x)
-        return qqmm(x, self.weight, self.scales, self.mode, self.group_size, self.bits, gx,
-                    self.global_scale, self.scale_rule, self.nonfinite, self.elem, self.bias,
-                    out_type="torch")
+        y: torch.Tensor = qqmm(x, self.weight, self.scales, self.mode, self.group_size, self.bits,
+                               gx, self.global_scale, self.scale_rule, self.nonfinite, self.elem,
+                               self.bias, out_type="torch")
+        return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
