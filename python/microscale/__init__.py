@@ -84,6 +84,12 @@ def _as_array(a, what):
     host arrays) as a read-only view of their memory, no copy; anything else through np.asarray."""
     if isinstance(a, np.ndarray):
         arr = a
+        if arr.flags.c_contiguous and arr.dtype.isnative:
+            return arr
+    elif _kind_of(a) is OutType.torch and a.device.type == "cpu":
+        arr = _torch_view(a, what)
+        if arr.flags.c_contiguous:
+            return arr
     elif hasattr(type(a), "__dlpack__"):
         # torch refuses to export a tensor that requires grad; these functions are not
         # differentiable (microscale.torch has the autograd versions), so read its values.
@@ -103,6 +109,24 @@ def _as_array(a, what):
     return arr
 
 
+def _torch_view(t, what):
+    """A CPU torch tensor as numpy, sharing its memory: torch's own numpy bridge is DLPack's
+    zero-copy import at a fraction of its per-call cost. bfloat16 comes back as
+    ml_dtypes.bfloat16, the float8 types as their uint8 codes; other dtypes go through DLPack."""
+    import torch
+
+    if t.requires_grad:
+        t = t.detach()
+    try:
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(_BF16)
+        if t.element_size() == 1 and str(t.dtype).startswith("torch.float8_"):
+            return t.view(torch.uint8).numpy()
+        return t.numpy()
+    except (TypeError, RuntimeError):
+        return _core.host_view(t, what)
+
+
 class OutType(enum.Enum):
     """The array type results come back as (``out_type=``): the input's own by default."""
 
@@ -114,6 +138,8 @@ class OutType(enum.Enum):
 def _kind_of(a):
     """The OutType matching ``a``'s array type: torch and MLX arrays come back as their own type,
     everything else (numpy, JAX, other DLPack producers) as numpy."""
+    if type(a) is np.ndarray:
+        return OutType.numpy
     module = type(a).__module__
     if module.startswith("torch"):
         return OutType.torch
@@ -135,22 +161,23 @@ def _out_kind(out_type, source):
 
 def _deliver(result, kind):
     """``result`` (a numpy array from _core, or a tuple of them) as ``kind``. torch shares the
-    numpy buffer through DLPack (no copy); MLX copies, as MLX cannot import host memory
-    without one."""
+    numpy buffer (no copy); MLX copies, as MLX cannot import host memory without one.
+    bfloat16 crosses as its 16-bit pattern: ml_dtypes' arrays do not export through DLPack."""
     if kind is OutType.numpy:
         return result
     if isinstance(result, tuple):
-        return tuple(_deliver(r, kind) for r in result)
-    bf16 = result.dtype == _BF16
-    bits = result.view(np.uint16) if bf16 else result  # DLPack has bfloat16, ml_dtypes does not export it
+        return tuple([_deliver(r, kind) for r in result])
+    bf16 = result.itemsize == 2 and result.dtype == _BF16
     if kind is OutType.torch:
         import torch
 
-        out = torch.from_dlpack(bits)
-        return out.view(torch.bfloat16) if bf16 else out
+        # torch.from_numpy shares the buffer as torch.from_dlpack would, at a fraction of the cost.
+        if bf16:
+            return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(result)
     import mlx.core as mx
 
-    out = mx.from_dlpack(bits)
+    out = mx.from_dlpack(result.view(np.uint16) if bf16 else result)
     return out.view(mx.bfloat16) if bf16 else out
 
 
@@ -227,10 +254,33 @@ def _global_scale_arg(g):
     raise TypeError(f"global_scale: unsupported dtype {arr.dtype}")
 
 
+# QuantSpecs already built, by their arguments and the types of the numeric ones (True == 1, but
+# True is refused): parsing five names costs more than the C++ quantize of a small tensor. The
+# specs are only read (the C++ functions take them by const reference).
+_SPEC_CACHE = {}
+
+
 def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propagate",
           layout="compact", elem="e4m3", global_scale=None):
     """The _core.QuantSpec of these arguments: types checked here, names parsed (and refused,
     ValueError) by the C++ enums' from_name."""
+    key = (mode, group_size, type(group_size), bits, type(bits), scale_rule, nonfinite, layout,
+           elem, global_scale, type(global_scale))
+    try:
+        return _SPEC_CACHE[key]
+    except (KeyError, TypeError):  # TypeError: an array global_scale is not hashable
+        pass
+    spec = _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale)
+    try:
+        if len(_SPEC_CACHE) >= 256:
+            _SPEC_CACHE.clear()
+        _SPEC_CACHE[key] = spec
+    except TypeError:
+        pass
+    return spec
+
+
+def _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale):
     mode = _str(mode, "mode")
     group_size = _opt_int(group_size, "group_size")
     bits = _opt_int(bits, "bits")
@@ -301,12 +351,9 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
       ``[..., K*bits/8]``; fp-mode scales uint8 codes; affine scales and biases in w's dtype.
     """
     arr = _float_input(w, "w")
-    q = _core.quantize(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem,
-                                  global_scale))
-    kind = _out_kind(out_type, w)
-    if q.biases is None:
-        return _deliver((q.packed, q.scales), kind)
-    return _deliver((q.packed, q.scales, q.biases), kind)
+    parts = _core.quantize_parts(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, layout,
+                                            elem, global_scale))
+    return _deliver(parts, _out_kind(out_type, w))
 
 
 def quantize_dequantize(x, mode="nvfp4", group_size=None, bits=None, global_scale=None,

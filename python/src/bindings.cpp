@@ -47,6 +47,20 @@ nb::object py_dequantize(const Array& packed, const Array& scales, const std::op
   return to_numpy(std::move(y));
 }
 
+// quantize's parts as a tuple, (packed, scales) or (packed, scales, biases) for affine: one call
+// instead of a Quantized object and its three properties (a small quantize is dominated by calls).
+nb::tuple py_quantize_parts(const Array& x, const ms::QuantSpec& spec) {
+  ms::Quantized q;
+  {
+    nb::gil_scoped_release release;
+    q = ms::quantize(x.view, spec);
+  }
+  if (q.spec.mode == ms::Mode::affine) {
+    return nb::make_tuple(to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)), to_numpy(std::move(q.biases)));
+  }
+  return nb::make_tuple(to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)));
+}
+
 // quantize then dequantize in one call (fake quantization): the same numerics as the two calls,
 // without the packed parts crossing into Python.
 nb::object py_quantize_dequantize(const Array& x, const ms::QuantSpec& spec, ms::DType dtype) {
@@ -432,6 +446,7 @@ NB_MODULE(_core, m) {
   m.def("dequantize", &py_dequantize, nb::arg("packed"), nb::arg("scales"), nb::arg("biases").none(), nb::arg("spec"),
         nb::arg("dtype"));
   m.def("global_scale", &py_global_scale, nb::arg("x"));
+  m.def("quantize_parts", &py_quantize_parts, nb::arg("x"), nb::arg("spec"));
   m.def("quantize_dequantize", &py_quantize_dequantize, nb::arg("x"), nb::arg("spec"), nb::arg("dtype"));
   m.def("swizzle_scales", &py_swizzle, nb::arg("scales"));
   m.def("unswizzle_scales", &py_unswizzle, nb::arg("scales"), nb::arg("rows"), nb::arg("cols"));
