@@ -225,3 +225,20 @@ def test_mlx_in_mlx_out(name, rng):
     assert_same_bits(np.asarray(y.astype(mx.float32)).astype(want.dtype), want)
     packed, scales = microscale.quantize(w.T.T[:, ::1], mode="mxfp4")
     assert isinstance(packed, mx.array) and packed.dtype == mx.uint8
+
+
+def test_spec_cache_keeps_argument_checks(rng):
+    # Specs are cached by argument; True == 1 and 16.0 == 16 must still be refused after the
+    # equal int was accepted, and an array global scale (unhashable) still works.
+    w = rng.standard_normal((2, 32)).astype(np.float32)
+    microscale.quantize(w, mode="nvfp4", group_size=16)
+    with pytest.raises(TypeError, match="group_size must be an int or None, got bool"):
+        microscale.quantize(w, mode="mxfp4", group_size=True, bits=4)
+    microscale.quantize(w, mode="mxfp4", group_size=32, bits=4)
+    with pytest.raises(TypeError, match="group_size must be an int or None, got float"):
+        microscale.quantize(w, mode="mxfp4", group_size=32.0, bits=4)
+    g = microscale.global_scale(w)
+    a = microscale.quantize(w, mode="nvfp4", global_scale=np.array([g]))
+    b = microscale.quantize(w, mode="nvfp4", global_scale=float(g))
+    for x, y in zip(a, b):
+        assert_same_bits(x, y)
