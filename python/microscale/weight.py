@@ -79,7 +79,9 @@ class QuantizedWeight:
 def _stored(a):
     """A part as _core.Quantized copies it: C-contiguous float32 / float16 / bfloat16, or bytes
     (uint8 codes, or any other 1-byte type's bytes)."""
-    a = np.ascontiguousarray(a)
+    from . import _as_array
+
+    a = np.ascontiguousarray(_as_array(a, "QuantizedWeight part"))
     if a.dtype in _FLOAT_NAMES:
         return a
     if a.dtype.itemsize == 1:

@@ -242,3 +242,29 @@ def test_spec_cache_keeps_argument_checks(rng):
     b = microscale.quantize(w, mode="nvfp4", global_scale=float(g))
     for x, y in zip(a, b):
         assert_same_bits(x, y)
+
+
+def test_torch_checkpoint_tensors_keep_their_dtype(tmp_path, rng):
+    import json
+    import struct
+
+    torch = _torch()
+    w = torch.randn(8, 64, dtype=torch.bfloat16)
+    q = microscale.QuantizedWeight.from_float(w, mode="nvfp4")
+    q.packed, q.scales = torch.from_numpy(q.packed), torch.from_numpy(q.scales).view(torch.float8_e4m3fn)
+    norm = torch.ones(64, dtype=torch.bfloat16)
+    microscale.save_checkpoint(tmp_path / "a", {"lin": q}, {"norm.weight": norm}, export="compressed-tensors")
+    back = microscale.load_checkpoint(tmp_path / "a")
+    assert back.tensors["norm.weight"].dtype == BF16
+    assert (back.tensors["norm.weight"].astype(np.float32) == 1).all()
+    assert_same_bits(back.layers["lin"].dequantize(), microscale.dequantize(
+        q.packed.numpy(), q.scales.view(torch.uint8).numpy(), mode="nvfp4"))
+    # A torch float8 tensor is stored as F8_E4M3 (its codes, read through the header), not U8.
+    fp8 = torch.tensor([1.5, -448.0], dtype=torch.float8_e4m3fn)
+    microscale.save_checkpoint(tmp_path / "b", {"lin": q}, {"fp8.weight": fp8}, export="compressed-tensors")
+    raw = (tmp_path / "b" / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    entry = json.loads(raw[8:8 + n])["fp8.weight"]
+    assert entry["dtype"] == "F8_E4M3" and entry["shape"] == [2]
+    start, end = entry["data_offsets"]
+    assert raw[8 + n + start:8 + n + end] == bytes(fp8.view(torch.uint8).tolist())
