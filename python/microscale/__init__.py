@@ -86,7 +86,7 @@ def _as_array(a, what):
         arr = a
         if arr.flags.c_contiguous and arr.dtype.isnative:
             return arr
-    elif _kind_of(a) is OutType.torch and a.device.type == "cpu":
+    elif _kind_of(a) is OutType.torch and a.is_cpu:
         arr = _torch_view(a, what)
         if arr.flags.c_contiguous:
             return arr
