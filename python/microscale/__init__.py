@@ -18,8 +18,9 @@ Inputs may be float32, float16 or bfloat16 arrays of any rank >= 1 and any strid
 with no copy; quantization runs along the last axis. Results come back as the first array
 argument's type: torch in, torch out (sharing microscale's buffer, no copy); MLX in, MLX out (MLX
 copies host memory on import); numpy and other types give numpy. ``out_type=`` ("numpy",
-"torch", "mlx") overrides it. torch float8 tensors are read as their uint8 codes. Packed values are uint8 ``[..., K*bits/8]`` (viewed as
-little-endian uint32 they are MLX's ``w_q``); fp-mode scales are uint8 codes ``[..., K/group]``
+"torch", "mlx") overrides it. torch float8 tensors are read as their uint8 codes (see
+docs/python.md). Packed values are uint8 ``[..., K*bits/8]`` (viewed as little-endian uint32 they
+are MLX's ``w_q``); fp-mode scales are uint8 codes ``[..., K/group]``
 (E4M3 for nvfp4, E8M0 for mxfp4/mxfp8); affine scales and biases have the input's dtype.
 Errors in the arguments or the data raise ``ValueError``; unsupported array dtypes raise
 ``TypeError``.
@@ -80,8 +81,9 @@ _BYTE_CODE_DTYPES = (
 # argument handling
 
 def _as_array(a, what):
-    """A numpy array for ``a``: numpy arrays as they are; DLPack producers (torch, MLX, JAX, CuPy
-    host arrays) as a read-only view of their memory, no copy; anything else through np.asarray."""
+    """A numpy array for ``a``: numpy arrays as they are; torch tensors and other DLPack
+    producers (MLX, JAX, CuPy host arrays) as a view of their memory, no copy; anything else
+    through np.asarray."""
     if isinstance(a, np.ndarray):
         arr = a
         if arr.flags.c_contiguous and arr.dtype.isnative:
@@ -169,14 +171,19 @@ def _deliver(result, kind):
         return tuple([_deliver(r, kind) for r in result])
     bf16 = result.itemsize == 2 and result.dtype == _BF16
     if kind is OutType.torch:
-        import torch
+        try:
+            import torch
+        except ImportError:
+            raise ImportError("out_type='torch' needs torch: pip install torch") from None
 
         # torch.from_numpy shares the buffer as torch.from_dlpack would, at a fraction of the cost.
         if bf16:
             return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(result)
-    import mlx.core as mx
-
+    try:
+        import mlx.core as mx
+    except ImportError:
+        raise ImportError("out_type='mlx' needs MLX: pip install mlx") from None
     out = mx.from_dlpack(result.view(np.uint16) if bf16 else result)
     return out.view(mx.bfloat16) if bf16 else out
 

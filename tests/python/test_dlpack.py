@@ -268,3 +268,11 @@ def test_torch_checkpoint_tensors_keep_their_dtype(tmp_path, rng):
     assert entry["dtype"] == "F8_E4M3" and entry["shape"] == [2]
     start, end = entry["data_offsets"]
     assert raw[8 + n + start:8 + n + end] == bytes(fp8.view(torch.uint8).tolist())
+
+
+def test_out_type_of_a_missing_package(monkeypatch, rng):
+    w = rng.standard_normal((2, 32)).astype(np.float32)
+    for name, module in (("torch", "torch"), ("mlx", "mlx.core")):
+        monkeypatch.setitem(__import__("sys").modules, module, None)  # import fails as if absent
+        with pytest.raises(ImportError, match=f"out_type='{name}' needs"):
+            microscale.quantize_dequantize(w, out_type=name)
