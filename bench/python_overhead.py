@@ -5,8 +5,10 @@ torchao's own Python quantize of the same tensor.
 
     python bench/python_overhead.py [--repeats N]
 
-Prints one line per case: the median over N timed batches of the per-call time, in microseconds
-(each batch runs the call enough times to last about a millisecond). Needs the built package;
+Prints one line per case: the median and the minimum over N timed batches of the per-call time,
+in microseconds (each batch runs the call enough times to last about a millisecond). On a shared,
+loaded machine the minimum is the better estimate of the cost itself (the batches that nothing
+preempted); the median includes the machine's load. Needs the built package;
 torch and torchao rows are skipped when they are not installed.
 """
 
@@ -38,7 +40,7 @@ def per_call_us(fn, repeats, min_batch_s=1e-3):
         for _ in range(n):
             fn()
         samples.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(samples)
+    return statistics.median(samples), min(samples)
 
 
 def cpu_model():
@@ -117,8 +119,9 @@ def main():
                          per_call_us(lambda: NVFP4Tensor.to_nvfp4(tw), max(5, r // 20))))
 
     width = max(len(name) for name, _ in rows)
-    for name, us in rows:
-        print(f"{name:<{width}}  {us:10.2f} us")
+    print(f"{'case':<{width}}  {'median us':>10}  {'min us':>10}")
+    for name, (median, best) in rows:
+        print(f"{name:<{width}}  {median:10.2f}  {best:10.2f}")
     return 0
 
 
