@@ -276,3 +276,45 @@ def test_out_type_of_a_missing_package(monkeypatch, rng):
         monkeypatch.setitem(__import__("sys").modules, module, None)  # import fails as if absent
         with pytest.raises(ImportError, match=f"out_type='{name}' needs"):
             microscale.quantize_dequantize(w, out_type=name)
+
+
+def _cuda_capsule_producer():
+    """A DLPack producer whose tensor claims to live in CUDA memory (a hand-built legacy
+    DLManagedTensor; its data pointer is never read)."""
+    import ctypes
+
+    class Device(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+    class DType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class Tensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int32),
+                    ("dtype", DType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                    ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+    class Managed(ctypes.Structure):
+        _fields_ = [("dl_tensor", Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+    shape = (ctypes.c_int64 * 2)(2, 32)
+    managed = Managed(Tensor(0x1000, Device(2, 0), 2, DType(2, 32, 1), shape, None, 0), None, None)
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype = ctypes.py_object
+    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+    class CudaProducer:
+        keep = (shape, managed)
+
+        def __dlpack__(self, **kwargs):
+            return new_capsule(ctypes.addressof(managed), b"dltensor", None)
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    return CudaProducer()
+
+
+def test_device_memory_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"x: the array is in CUDA memory \(DLPack device type 2\).*\.cpu\(\)"):
+        microscale.quantize_dequantize(_cuda_capsule_producer())
