@@ -147,6 +147,10 @@ def test_torch_codes_and_scales_dtypes(rng):
     assert microscale.decode(e4m3, "e4m3").tolist() == [1.5, -448.0, 0.0]
     bits = microscale.encode(torch.tensor([1.0, -2.0]), "bf16")
     assert bits.dtype == torch.uint16 and bits.tolist() == [0x3F80, 0xC000]
+    _, scales = microscale.quantize(torch.randn(40, 64), mode="mxfp8")
+    sw = microscale.swizzle_scales(scales)
+    assert isinstance(sw, torch.Tensor) and sw.shape == (128, 4)
+    assert torch.equal(microscale.unswizzle_scales(sw, 40, 2), scales)
 
 
 def test_torch_no_copy_in(rng):
@@ -223,8 +227,19 @@ def test_mlx_in_mlx_out(name, rng):
     assert isinstance(y, mx.array) and y.dtype == getattr(mx, name)
     want = microscale.quantize_dequantize(ref_in, mode="nvfp4")
     assert_same_bits(np.asarray(y.astype(mx.float32)).astype(want.dtype), want)
-    packed, scales = microscale.quantize(w.T.T[:, ::1], mode="mxfp4")
+    packed, scales = microscale.quantize(w, mode="mxfp4")
     assert isinstance(packed, mx.array) and packed.dtype == mx.uint8
+    y = microscale.dequantize(packed, scales, mode="mxfp4", dtype=getattr(mx, name))
+    assert isinstance(y, mx.array) and y.dtype == getattr(mx, name)
+    ref_parts = microscale.quantize(ref_in, mode="mxfp4")
+    assert_same_bits(np.asarray(y.astype(mx.float32)).astype(want.dtype),
+                     microscale.dequantize(*ref_parts, mode="mxfp4", dtype=want.dtype))
+    x = mx.array(rng.standard_normal((3, 64)).astype(np.float32)).astype(getattr(mx, name))
+    mm = microscale.quantized_matmul(x, packed, scales, mode="mxfp4")
+    assert isinstance(mm, mx.array) and mm.shape == (3, 8)
+    wt = mx.array(np.ascontiguousarray(w_np.T)).astype(getattr(mx, name)).T  # a transposed view
+    got = microscale.quantize_dequantize(wt, mode="nvfp4")
+    assert_same_bits(np.asarray(got.astype(mx.float32)).astype(want.dtype), want)
 
 
 def test_spec_cache_keeps_argument_checks(rng):
