@@ -332,8 +332,9 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
     """Quantize ``w`` along its last axis.
 
     Args:
-      w: float32, float16 or ml_dtypes.bfloat16 array of shape ``[..., K]`` (rank >= 1, any
-        strides); ``K`` must be a multiple of the group size.
+      w: float32, float16 or bfloat16 array of shape ``[..., K]`` (rank >= 1, any strides):
+        numpy (``ml_dtypes.bfloat16``), torch, MLX or any host array with ``__dlpack__``;
+        ``K`` must be a multiple of the group size.
       mode: ``"nvfp4"`` (E2M1 elements, E4M3 scales, groups of 16), ``"mxfp4"`` (E2M1, E8M0, 32),
         ``"mxfp8"`` (E4M3 or E5M2, E8M0, 32) or ``"affine"`` (b-bit unsigned codes with a scale and
         a bias per group, MLX-compatible).

@@ -66,8 +66,9 @@ def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", 
     returns it.
 
     Args:
-      x: float32, float16 or ml_dtypes.bfloat16 ``[..., M, K]`` (1-D ``[K]`` is one row and the
-        result drops that axis).
+      x: float32, float16 or bfloat16 ``[..., M, K]``, numpy (``ml_dtypes.bfloat16``), torch, MLX
+        or any host array with ``__dlpack__`` (1-D ``[K]`` is one row and the result drops
+        that axis).
       w_q, scales, biases: the quantized weight. ``transpose=True``: W is logical ``[..., N, K]``,
         ``w_q`` uint8 ``[..., N, K*bits/8]`` (or MLX's uint32 ``[..., N, K*bits/32]``) with groups
         along K; ``transpose=False``: W is logical ``[..., K, N]`` with groups along N. Batch axes
