@@ -13,9 +13,14 @@ the numerics are microscale's contract (FORMATS.md sections 1-4):
 >>> wq, scales = microscale.quantize(w, mode="nvfp4", global_scale=g)  # 3-level NVFP4
 >>> wq, scales, biases = microscale.quantize(w, mode="affine", group_size=64, bits=4)
 
-Inputs may be float32, float16 or ``ml_dtypes.bfloat16`` arrays of any rank >= 1 and any strides;
-quantization runs along the last axis. Packed values are uint8 ``[..., K*bits/8]`` (viewed as
-little-endian uint32 they are MLX's ``w_q``); fp-mode scales are uint8 codes ``[..., K/group]``
+Inputs may be float32, float16 or bfloat16 arrays of any rank >= 1 and any strides: numpy
+(``ml_dtypes.bfloat16``) or any host array with ``__dlpack__`` (torch, MLX, JAX), read in place
+with no copy; quantization runs along the last axis. Results come back as the first array
+argument's type: torch in, torch out (sharing microscale's buffer, no copy); MLX in, MLX out (MLX
+copies host memory on import); numpy and other types give numpy. ``out_type=`` ("numpy",
+"torch", "mlx") overrides it. torch float8 tensors are read as their uint8 codes (see
+docs/python.md). Packed values are uint8 ``[..., K*bits/8]`` (viewed as little-endian uint32 they
+are MLX's ``w_q``); fp-mode scales are uint8 codes ``[..., K/group]``
 (E4M3 for nvfp4, E8M0 for mxfp4/mxfp8); affine scales and biases have the input's dtype.
 Errors in the arguments or the data raise ``ValueError``; unsupported array dtypes raise
 ``TypeError``.
@@ -23,6 +28,7 @@ Errors in the arguments or the data raise ``ValueError``; unsupported array dtyp
 
 from __future__ import annotations
 
+import enum
 import operator
 
 import ml_dtypes
@@ -33,6 +39,8 @@ from . import _core
 __all__ = [
     "quantize",
     "dequantize",
+    "quantize_dequantize",
+    "OutType",
     "global_scale",
     "swizzle_scales",
     "unswizzle_scales",
@@ -73,19 +81,111 @@ _BYTE_CODE_DTYPES = (
 # argument handling
 
 def _as_array(a, what):
+    """A numpy array for ``a``: numpy arrays as they are; torch tensors and other DLPack
+    producers (MLX, JAX, CuPy host arrays) as a view of their memory, no copy; anything else
+    through np.asarray."""
     if isinstance(a, np.ndarray):
         arr = a
+        if arr.flags.c_contiguous and arr.dtype.isnative:
+            return arr
+    elif _kind_of(a) is OutType.torch and a.is_cpu:
+        arr = _torch_view(a, what)
+        if arr.flags.c_contiguous:
+            return arr
+    elif hasattr(type(a), "__dlpack__"):
+        # torch refuses to export a tensor that requires grad; these functions are not
+        # differentiable (microscale.torch has the autograd versions), so read its values.
+        if getattr(a, "requires_grad", False):
+            a = a.detach()
+        arr = _core.host_view(a, what)
     else:
         try:
             arr = np.asarray(a)
         except Exception as e:  # noqa: BLE001 - report what could not be read
-            raise TypeError(f"{what}: cannot be read as a numpy array ({e})") from None
+            raise TypeError(f"{what}: cannot be read as an array ({e})") from None
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     # _core reads strides in elements: negative or non-itemsize-multiple strides need a copy.
     if arr.size and any(s < 0 or s % arr.itemsize for s in arr.strides):
         arr = np.ascontiguousarray(arr)
     return arr
+
+
+def _torch_view(t, what):
+    """A CPU torch tensor as numpy, sharing its memory: torch's own numpy bridge is DLPack's
+    zero-copy import at a fraction of its per-call cost. bfloat16 comes back as
+    ml_dtypes.bfloat16, the float8 types as their uint8 codes; other dtypes go through DLPack."""
+    import torch
+
+    if t.requires_grad:
+        t = t.detach()
+    try:
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(_BF16)
+        if t.element_size() == 1 and str(t.dtype).startswith("torch.float8_"):
+            return t.view(torch.uint8).numpy()
+        return t.numpy()
+    except (TypeError, RuntimeError):
+        return _core.host_view(t, what)
+
+
+class OutType(enum.Enum):
+    """The array type results come back as (``out_type=``): the input's own by default."""
+
+    numpy = "numpy"
+    torch = "torch"
+    mlx = "mlx"
+
+
+def _kind_of(a):
+    """The OutType matching ``a``'s array type: torch and MLX arrays come back as their own type,
+    everything else (numpy, JAX, other DLPack producers) as numpy."""
+    if type(a) is np.ndarray:
+        return OutType.numpy
+    module = type(a).__module__
+    if module.startswith("torch"):
+        return OutType.torch
+    if module.startswith("mlx"):
+        return OutType.mlx
+    return OutType.numpy
+
+
+def _out_kind(out_type, source):
+    """The OutType of the results: ``out_type`` (None, a name or an OutType), else ``source``'s."""
+    if out_type is None:
+        return _kind_of(source)
+    if isinstance(out_type, OutType):
+        return out_type
+    if isinstance(out_type, str) and out_type in OutType.__members__:
+        return OutType[out_type]
+    raise ValueError(f"out_type must be None, 'numpy', 'torch' or 'mlx', got {out_type!r}")
+
+
+def _deliver(result, kind):
+    """``result`` (a numpy array from _core, or a tuple of them) as ``kind``. torch shares the
+    numpy buffer (no copy); MLX copies, as MLX cannot import host memory without one.
+    bfloat16 crosses as its 16-bit pattern: ml_dtypes' arrays do not export through DLPack."""
+    if kind is OutType.numpy:
+        return result
+    if isinstance(result, tuple):
+        return tuple([_deliver(r, kind) for r in result])
+    bf16 = result.itemsize == 2 and result.dtype == _BF16
+    if kind is OutType.torch:
+        try:
+            import torch
+        except ImportError:
+            raise ImportError("out_type='torch' needs torch: pip install torch") from None
+
+        # torch.from_numpy shares the buffer as torch.from_dlpack would, at a fraction of the cost.
+        if bf16:
+            return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(result)
+    try:
+        import mlx.core as mx
+    except ImportError:
+        raise ImportError("out_type='mlx' needs MLX: pip install mlx") from None
+    out = mx.from_dlpack(result.view(np.uint16) if bf16 else result)
+    return out.view(mx.bfloat16) if bf16 else out
 
 
 def _float_input(a, what):
@@ -161,10 +261,33 @@ def _global_scale_arg(g):
     raise TypeError(f"global_scale: unsupported dtype {arr.dtype}")
 
 
+# QuantSpecs already built, by their arguments and the types of the numeric ones (True == 1, but
+# True is refused): parsing five names costs more than the C++ quantize of a small tensor. The
+# specs are only read (the C++ functions take them by const reference).
+_SPEC_CACHE = {}
+
+
 def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propagate",
           layout="compact", elem="e4m3", global_scale=None):
     """The _core.QuantSpec of these arguments: types checked here, names parsed (and refused,
     ValueError) by the C++ enums' from_name."""
+    key = (mode, group_size, type(group_size), bits, type(bits), scale_rule, nonfinite, layout,
+           elem, global_scale, type(global_scale))
+    try:
+        return _SPEC_CACHE[key]
+    except (KeyError, TypeError):  # TypeError: an array global_scale is not hashable
+        pass
+    spec = _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale)
+    try:
+        if len(_SPEC_CACHE) >= 256:
+            _SPEC_CACHE.clear()
+        _SPEC_CACHE[key] = spec
+    except TypeError:
+        pass
+    return spec
+
+
+def _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale):
     mode = _str(mode, "mode")
     group_size = _opt_int(group_size, "group_size")
     bits = _opt_int(bits, "bits")
@@ -181,7 +304,10 @@ def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propag
 
 
 def _dtype_name(dtype):
-    """'float32' | 'float16' | 'bfloat16' from a name, numpy dtype or ml_dtypes type."""
+    """'float32' | 'float16' | 'bfloat16' from a name, numpy dtype, ml_dtypes type, or torch or
+    MLX dtype."""
+    if type(dtype).__module__.startswith(("torch", "mlx")):
+        dtype = str(dtype).rsplit(".", 1)[-1]  # torch.bfloat16, mlx.core.float16: by name
     if isinstance(dtype, str):
         if dtype in _NAME_TO_DTYPE:
             return dtype
@@ -202,12 +328,13 @@ def _dtype_name(dtype):
 # public API
 
 def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, layout="compact",
-             scale_rule="ceil", nonfinite="propagate", elem="e4m3"):
+             scale_rule="ceil", nonfinite="propagate", elem="e4m3", out_type=None):
     """Quantize ``w`` along its last axis.
 
     Args:
-      w: float32, float16 or ml_dtypes.bfloat16 array of shape ``[..., K]`` (rank >= 1, any
-        strides); ``K`` must be a multiple of the group size.
+      w: float32, float16 or bfloat16 array of shape ``[..., K]`` (rank >= 1, any strides):
+        numpy (``ml_dtypes.bfloat16``), torch, MLX or any host array with ``__dlpack__``;
+        ``K`` must be a multiple of the group size.
       mode: ``"nvfp4"`` (E2M1 elements, E4M3 scales, groups of 16), ``"mxfp4"`` (E2M1, E8M0, 32),
         ``"mxfp8"`` (E4M3 or E5M2, E8M0, 32) or ``"affine"`` (b-bit unsigned codes with a scale and
         a bias per group, MLX-compatible).
@@ -225,22 +352,43 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
         ``"error"`` (ValueError naming the first non-finite element) or ``"saturate"``
         (TensorEngine's hardware behaviour; affine treats it as propagate).
       elem: mxfp8 element format, ``"e4m3"`` (default) or ``"e5m2"``.
+      out_type: None (results are w's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
 
     Returns:
       ``(w_q, scales)`` for the fp modes and ``(w_q, scales, biases)`` for affine: ``w_q`` uint8
       ``[..., K*bits/8]``; fp-mode scales uint8 codes; affine scales and biases in w's dtype.
     """
     arr = _float_input(w, "w")
-    q = _core.quantize(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem,
-                                  global_scale))
-    if q.biases is None:
-        return q.packed, q.scales
-    return q.packed, q.scales, q.biases
+    parts = _core.quantize_parts(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, layout,
+                                            elem, global_scale))
+    return _deliver(parts, _out_kind(out_type, w))
+
+
+def quantize_dequantize(x, mode="nvfp4", group_size=None, bits=None, global_scale=None,
+                        scale_rule="ceil", nonfinite="propagate", elem="e4m3", dtype=None,
+                        out_type=None):
+    """Fake quantization: ``dequantize(*quantize(x, ...), ...)`` in one call, bit for bit.
+
+    Args:
+      x: float32, float16 or bfloat16 array ``[..., K]`` (any array type with ``__dlpack__``).
+      mode, group_size, bits, global_scale, scale_rule, nonfinite, elem: as for :func:`quantize`;
+        ``global_scale`` (nvfp4) gives the three-level round trip.
+      dtype: output dtype; None (default) keeps x's.
+      out_type: None (x's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
+
+    Returns:
+      array ``[..., K]``: each element's value after quantization.
+    """
+    arr = _float_input(x, "x")
+    out_name = _FLOAT_NAMES[arr.dtype] if dtype is None else _dtype_name(dtype)
+    spec = _spec(mode, group_size, bits, scale_rule, nonfinite, "compact", elem, global_scale)
+    return _deliver(_core.quantize_dequantize(arr, spec, _core.DType[out_name]),
+                    _out_kind(out_type, x))
 
 
 def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype="float32",
                layout="compact", group_size=None, bits=None, scale_rule="ceil",
-               nonfinite="propagate", elem="e4m3"):
+               nonfinite="propagate", elem="e4m3", out_type=None):
     """Dequantize the output of :func:`quantize` (or the same parts from a checkpoint).
 
     Args:
@@ -253,9 +401,10 @@ def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype=
       global_scale: nvfp4 only: the amax that was passed to :func:`quantize` (three-level decode
         ``val(q) * ((val(s) * amax) * fl(1/2688))``); None for two-level data.
       dtype: output dtype, ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (also as numpy
-        / ml_dtypes dtypes). Every value is computed in float32 and rounded once.
+        / ml_dtypes, torch or MLX dtypes). Every value is computed in float32 and rounded once.
       scale_rule, nonfinite: accepted for symmetry with :func:`quantize` and validated; decoding
         does not depend on them.
+      out_type: None (results are w_q's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
 
     Returns:
       array ``[..., K]`` of ``dtype``.
@@ -270,7 +419,8 @@ def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype=
     sw, _ = _any_input(scales, "scales", {"uint8", "float32", "float16", "bfloat16"})
     bw = None if biases is None else _any_input(biases, "biases", {"float32", "float16", "bfloat16"})[0]
     spec = _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale)
-    return _core.dequantize(pw, sw, bw, spec, _core.DType[out_name])
+    return _deliver(_core.dequantize(pw, sw, bw, spec, _core.DType[out_name]),
+                    _out_kind(out_type, w_q))
 
 
 def global_scale(w):
@@ -279,21 +429,21 @@ def global_scale(w):
     return np.float32(_core.global_scale(_float_input(w, "w")))
 
 
-def swizzle_scales(scales):
+def swizzle_scales(scales, out_type=None):
     """Compact uint8 scales ``[R, C]`` (leading axes of higher ranks are flattened into R) to the
     swizzled ``[roundup(R,128), roundup(C,4)]`` layout of FORMATS.md section 4, zero-padded."""
     arr, _ = _any_input(scales, "scales", {"uint8"})
-    return _core.swizzle_scales(arr)
+    return _deliver(_core.swizzle_scales(arr), _out_kind(out_type, scales))
 
 
-def unswizzle_scales(scales, rows, cols):
+def unswizzle_scales(scales, rows, cols, out_type=None):
     """Inverse of :func:`swizzle_scales`: the compact ``[rows, cols]`` uint8 scales."""
     arr, _ = _any_input(scales, "scales", {"uint8"})
     r = operator.index(rows)
     c = operator.index(cols)
     if r < 0 or c < 0:
         raise ValueError(f"rows and cols must be >= 0, got {r}, {c}")
-    return _core.unswizzle_scales(arr, r, c)
+    return _deliver(_core.unswizzle_scales(arr, r, c), _out_kind(out_type, scales))
 
 
 _ENCODE_FORMATS = ("e2m1", "e4m3", "e5m2", "e8m0", "bf16", "f16")
@@ -309,7 +459,7 @@ def _fmt_name(fmt):
     return fmt
 
 
-def encode(x, fmt):
+def encode(x, fmt, out_type=None):
     """Encode float values element by element (round to nearest even, see FORMATS.md section 1).
 
     Args:
@@ -328,10 +478,10 @@ def encode(x, fmt):
     if arr.dtype != _F32:
         arr = arr.astype(np.float32)
     arr = _c_contig(arr)
-    return _core.encode(arr, fmt).reshape(arr.shape)
+    return _deliver(_core.encode(arr, fmt).reshape(arr.shape), _out_kind(out_type, x))
 
 
-def decode(codes, fmt):
+def decode(codes, fmt, out_type=None):
     """Decode codes to float32 exactly.
 
     Args:
@@ -358,7 +508,7 @@ def decode(codes, fmt):
         raise TypeError(f"codes: unsupported dtype {arr.dtype} for {fmt} (expected "
                         f"{np.dtype(want).name})")
     arr = _c_contig(arr)
-    return _core.decode(arr, fmt).reshape(arr.shape)
+    return _deliver(_core.decode(arr, fmt).reshape(arr.shape), _out_kind(out_type, codes))
 
 
 # ---------------------------------------------------------------------------------------------

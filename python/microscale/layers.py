@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import (_NAME_TO_DTYPE, _core, _dtype_name, _float_input, _global_scale_arg, _spec, _str,
-               dequantize, global_scale)
+from . import (_NAME_TO_DTYPE, _as_array, _core, _dtype_name, _float_input, _global_scale_arg,
+               _out_kind, _spec, _str, dequantize, global_scale)
 from .matmul import _indices, qqmm, quantized_matmul
 from .weight import QuantizedWeight
 
@@ -50,7 +50,7 @@ def _copy_bias(bias, n, layer):
     arr = _float_input(bias, f"{layer}: bias")
     if arr.shape != (n,):
         raise ValueError(f"{layer}: bias must have shape ({n},), got {arr.shape}")
-    return np.array(bias, copy=True)
+    return np.array(arr, copy=True)
 
 
 def _activation_amax(value, what):
@@ -70,9 +70,9 @@ class _Layer(QuantizedWeight):
 
     def __init__(self, weight, scales, biases=None, mode="nvfp4", group_size=None, bits=None,
                  global_scale=None, elem="e4m3"):
-        self.packed = np.asarray(weight)
-        self.scales = np.asarray(scales)
-        self.biases = None if biases is None else np.asarray(biases)
+        self.packed = _as_array(weight, "weight")
+        self.scales = _as_array(scales, "scales")
+        self.biases = None if biases is None else _as_array(biases, "biases")
         self.mode = _str(mode, "mode")
         default_group, default_bits = _core.mode_defaults(self.mode) or (None, None)
         self.group_size = default_group if group_size is None else group_size
@@ -100,9 +100,10 @@ class _Layer(QuantizedWeight):
         """The logical ``[rows, K]``, from the packed width and bits."""
         return tuple(self.packed.shape[:-1]) + (self.packed.shape[-1] * 8 // self.bits,)
 
-    def _matmul(self, x, bias=None):
+    def _matmul(self, x, bias=None, out_type=None):
         return quantized_matmul(x, self.weight, self.scales, self.biases, True, self.mode,
-                                self.group_size, self.bits, self.global_scale, self.elem, bias)
+                                self.group_size, self.bits, self.global_scale, self.elem, bias,
+                                out_type)
 
     def __repr__(self):
         return (f"{type(self).__name__}(packed shape={tuple(self.weight.shape)}, "
@@ -121,7 +122,7 @@ class QuantizedLinear(_Layer):
     def __init__(self, weight, scales, biases=None, bias=None, mode="nvfp4", group_size=None,
                  bits=None, global_scale=None, elem="e4m3"):
         super().__init__(weight, scales, biases, mode, group_size, bits, global_scale, elem)
-        self.bias = None if bias is None else np.asarray(bias)
+        self.bias = None if bias is None else _as_array(bias, "bias")
 
     @classmethod
     def from_linear(cls, weight, bias=None, mode="nvfp4", group_size=None, bits=None,
@@ -143,9 +144,9 @@ class QuantizedLinear(_Layer):
     def out_features(self):
         return self.weight.shape[0]
 
-    def __call__(self, x):
+    def __call__(self, x, out_type=None):
         """``x [..., in_features]`` -> ``[..., out_features]`` (see :func:`quantized_matmul`)."""
-        return self._matmul(x, self.bias)
+        return self._matmul(x, self.bias, out_type)
 
     forward = __call__
 
@@ -166,7 +167,7 @@ class QuantizedEmbedding(_Layer):
         """Quantize a float ``[V, D]`` table; lookups return the table's dtype."""
         parts = _quantize_weight(table, "QuantizedEmbedding", mode, group_size, bits, global_scale,
                                  use_global_scale, scale_rule, nonfinite, elem)
-        return cls(dtype=np.asarray(table).dtype, **parts)
+        return cls(dtype=_as_array(table, "QuantizedEmbedding: table").dtype, **parts)
 
     @property
     def num_embeddings(self):
@@ -176,7 +177,7 @@ class QuantizedEmbedding(_Layer):
     def dims(self):
         return self.shape[-1]
 
-    def __call__(self, indices):
+    def __call__(self, indices, out_type=None):
         """int32 / int64 / uint32 indices of any shape, each in ``[0, V)`` -> ``indices.shape +
         (D,)`` in the table's dtype, equal to the dequantized table's rows."""
         idx = _indices(indices, "QuantizedEmbedding: indices")
@@ -190,13 +191,14 @@ class QuantizedEmbedding(_Layer):
         return dequantize(self.weight[idx], self.scales[idx],
                           None if self.biases is None else self.biases[idx], mode=self.mode,
                           global_scale=self.global_scale, dtype=self.dtype,
-                          group_size=self.group_size, bits=self.bits, elem=self.elem)
+                          group_size=self.group_size, bits=self.bits, elem=self.elem,
+                          out_type=_out_kind(out_type, indices))
 
     forward = __call__
 
-    def as_linear(self, x):
+    def as_linear(self, x, out_type=None):
         """``x [..., D]`` -> ``x @ table^T`` ``[..., V]`` (see :func:`quantized_matmul`)."""
-        return self._matmul(x)
+        return self._matmul(x, None, out_type)
 
 
 class QQLinear(_Layer):
@@ -211,7 +213,7 @@ class QQLinear(_Layer):
                  global_scale=None, input_global_scale=None, scale_rule="ceil",
                  nonfinite="propagate", elem="e4m3"):
         super().__init__(weight, scales, None, mode, group_size, bits, global_scale, elem)
-        self.bias = None if bias is None else np.asarray(bias)
+        self.bias = None if bias is None else _as_array(bias, "bias")
         if input_global_scale is not None and self.global_scale is None:
             raise ValueError("QQLinear: input_global_scale needs a three-level nvfp4 weight "
                              "(global_scale); other modes have no activation global scale")
@@ -266,13 +268,13 @@ class QQLinear(_Layer):
                 raise ValueError(f"{what} must have shape [..., {k}] (in_features), got {arr.shape}")
             # global_scale skips NaN and Inf, so a damaged batch would calibrate on its finite
             # rest (or to 0) without a word: refuse it instead.
-            finite = np.isfinite(np.asarray(batch))
+            finite = np.isfinite(arr)
             if not finite.all():
                 pos = np.unravel_index(np.argmin(finite), finite.shape)
                 raise ValueError(f"{what} has {finite.size - np.count_nonzero(finite)} NaN or Inf "
                                  f"values (the first at index {tuple(int(p) for p in pos)}); "
                                  "calibrate on finite activations")
-            amax = global_scale(batch) if amax is None else max(amax, global_scale(batch))
+            amax = global_scale(arr) if amax is None else max(amax, global_scale(arr))
         if amax is None:
             raise ValueError("QQLinear.calibrate: no calibration batches")
         if amax == 0:
@@ -282,12 +284,13 @@ class QQLinear(_Layer):
         self.input_global_scale = np.float32(amax)
         return self
 
-    def __call__(self, x):
+    def __call__(self, x, out_type=None):
         """``x [..., in_features]`` -> ``[..., out_features]`` in x's dtype."""
         gx = None
         if self.global_scale is not None:
             gx = self.input_global_scale if self.input_global_scale is not None else global_scale(x)
         return qqmm(x, self.weight, self.scales, self.mode, self.group_size, self.bits, gx,
-                    self.global_scale, self.scale_rule, self.nonfinite, self.elem, self.bias)
+                    self.global_scale, self.scale_rule, self.nonfinite, self.elem, self.bias,
+                    out_type)
 
     forward = __call__

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _FLOAT_NAMES, _any_input, _as_array, _c_contig, _core, _float_input, _global_scale_arg, _spec
+from . import (_FLOAT_NAMES, _any_input, _as_array, _c_contig, _core, _deliver, _float_input,
+               _global_scale_arg, _out_kind, _spec)
 
 __all__ = ["quantized_matmul", "qqmm", "gather_qmm"]
 
@@ -60,13 +61,14 @@ _SCALES = {"uint8", "float32", "float16", "bfloat16"}
 
 
 def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", group_size=None,
-                     bits=None, global_scale_w=None, elem="e4m3", bias=None):
+                     bits=None, global_scale_w=None, elem="e4m3", bias=None, out_type=None):
     """``x @ W^T`` (``transpose=True``) or ``x @ W`` with W given as :func:`microscale.quantize`
     returns it.
 
     Args:
-      x: float32, float16 or ml_dtypes.bfloat16 ``[..., M, K]`` (1-D ``[K]`` is one row and the
-        result drops that axis).
+      x: float32, float16 or bfloat16 ``[..., M, K]``, numpy (``ml_dtypes.bfloat16``), torch, MLX
+        or any host array with ``__dlpack__`` (1-D ``[K]`` is one row and the result drops
+        that axis).
       w_q, scales, biases: the quantized weight. ``transpose=True``: W is logical ``[..., N, K]``,
         ``w_q`` uint8 ``[..., N, K*bits/8]`` (or MLX's uint32 ``[..., N, K*bits/32]``) with groups
         along K; ``transpose=False``: W is logical ``[..., K, N]`` with groups along N. Batch axes
@@ -74,6 +76,7 @@ def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", 
       mode, group_size, bits, elem: as given to :func:`microscale.quantize`.
       global_scale_w: nvfp4 three-level weights: the amax passed to :func:`microscale.quantize`.
       bias: optional float ``[N]`` added in float32 before the single rounding.
+      out_type: None (x's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
 
     Returns:
       ``[..., M, N]`` in x's dtype; affine: float32 unless x and the scales share a half dtype.
@@ -85,11 +88,13 @@ def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", 
     wa = _packed(w_q)
     transpose = bool(transpose)
     spec = _spec(mode, group_size, bits, elem=elem, global_scale=global_scale_w)
-    return _core.quantized_matmul(xa, wa, sa, ba, transpose, spec, ya)
+    return _deliver(_core.quantized_matmul(xa, wa, sa, ba, transpose, spec, ya),
+                    _out_kind(out_type, x))
 
 
 def qqmm(x, w, scales=None, mode="nvfp4", group_size=None, bits=None, global_scale_x=None,
-         global_scale_w=None, scale_rule="ceil", nonfinite="propagate", elem="e4m3", bias=None):
+         global_scale_w=None, scale_rule="ceil", nonfinite="propagate", elem="e4m3", bias=None,
+         out_type=None):
     """``x @ w^T`` with both operands quantized (modes nvfp4, mxfp4, mxfp8).
 
     x (float, ``[..., K]``) is quantized on every call exactly as :func:`microscale.quantize`
@@ -98,7 +103,8 @@ def qqmm(x, w, scales=None, mode="nvfp4", group_size=None, bits=None, global_sca
     ``scales``. Per K-block the exact block dot product is scaled by the two block scales; for
     three-level nvfp4 (both global scales given; one alone is an error) the float32 sum is
     multiplied by ``(global_scale_x * global_scale_w) / 2688**2``. Returns ``[..., N]`` in x's
-    dtype; optional float ``bias [N]`` is added before rounding.
+    dtype (and array type, unless ``out_type`` says otherwise); optional float ``bias [N]`` is
+    added before rounding.
     """
     xa = _float_input(x, "x")
     w_arr = _as_array(w, "w")
@@ -112,13 +118,13 @@ def qqmm(x, w, scales=None, mode="nvfp4", group_size=None, bits=None, global_sca
     sa = _optional(scales, "scales", {"uint8"})
     ya = _optional(bias, "bias", _FLOATS)
     spec = _spec(mode, group_size, bits, scale_rule, nonfinite, elem=elem)
-    return _core.qqmm(xa, wa, sa, spec, _global_scale_arg(global_scale_x),
-                      _global_scale_arg(global_scale_w), ya)
+    return _deliver(_core.qqmm(xa, wa, sa, spec, _global_scale_arg(global_scale_x),
+                               _global_scale_arg(global_scale_w), ya), _out_kind(out_type, x))
 
 
 def gather_qmm(x, w_q, scales, biases=None, lhs_indices=None, rhs_indices=None, transpose=True,
                mode="nvfp4", group_size=None, bits=None, global_scale_w=None, elem="e4m3",
-               sorted_indices=False):
+               sorted_indices=False, out_type=None):
     """Mixture-of-experts product: ``out[i] = x[lhs[i]] @ W[rhs[i]]^T`` (or ``@ W[rhs[i]]``).
 
     ``lhs_indices`` index the flattened batch axes of x (``x.shape[:-2]``), ``rhs_indices`` those
@@ -137,4 +143,5 @@ def gather_qmm(x, w_q, scales, biases=None, lhs_indices=None, rhs_indices=None, 
     wa = _packed(w_q)
     transpose = bool(transpose)
     spec = _spec(mode, group_size, bits, elem=elem, global_scale=global_scale_w)
-    return _core.gather_qmm(xa, wa, sa, ba, la, ra, transpose, spec, bool(sorted_indices))
+    return _deliver(_core.gather_qmm(xa, wa, sa, ba, la, ra, transpose, spec, bool(sorted_indices)),
+                    _out_kind(out_type, x))

@@ -39,14 +39,15 @@ class QuantizedWeight:
     def from_float(cls, w, mode="nvfp4", group_size=None, bits=None, global_scale=False, **kwargs):
         """Quantize a float ``[N, K]`` weight. ``global_scale=True`` uses the tensor amax
         (three-level nvfp4); a number is taken as the amax."""
-        from . import global_scale as amax_of, quantize
+        from . import _as_array, global_scale as amax_of, quantize
 
         g = None
         if mode == "nvfp4" and global_scale is not False and global_scale is not None:
             g = amax_of(w) if global_scale is True else global_scale
-        out = quantize(w, mode=mode, group_size=group_size, bits=bits, global_scale=g, **kwargs)
+        out = quantize(w, mode=mode, group_size=group_size, bits=bits, global_scale=g,
+                       out_type="numpy", **kwargs)
         packed, scales, biases = (out + (None,))[:3]
-        w = np.asarray(w)
+        w = _as_array(w, "w")
         k = w.shape[-1]
         gs = scales.shape[-1]
         return cls(packed, scales, biases, mode, k // gs, packed.shape[-1] * 8 // k, tuple(w.shape),
@@ -78,7 +79,9 @@ class QuantizedWeight:
 def _stored(a):
     """A part as _core.Quantized copies it: C-contiguous float32 / float16 / bfloat16, or bytes
     (uint8 codes, or any other 1-byte type's bytes)."""
-    a = np.ascontiguousarray(a)
+    from . import _as_array
+
+    a = np.ascontiguousarray(_as_array(a, "QuantizedWeight part"))
     if a.dtype in _FLOAT_NAMES:
         return a
     if a.dtype.itemsize == 1:

@@ -47,6 +47,31 @@ nb::object py_dequantize(const Array& packed, const Array& scales, const std::op
   return to_numpy(std::move(y));
 }
 
+// quantize's parts as a tuple, (packed, scales) or (packed, scales, biases) for affine: one call
+// instead of a Quantized object and its three properties (a small quantize is dominated by calls).
+nb::tuple py_quantize_parts(const Array& x, const ms::QuantSpec& spec) {
+  ms::Quantized q;
+  {
+    nb::gil_scoped_release release;
+    q = ms::quantize(x.view, spec);
+  }
+  if (q.spec.mode == ms::Mode::affine) {
+    return nb::make_tuple(to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)), to_numpy(std::move(q.biases)));
+  }
+  return nb::make_tuple(to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)));
+}
+
+// quantize then dequantize in one call (fake quantization): the same numerics as the two calls,
+// without the packed parts crossing into Python.
+nb::object py_quantize_dequantize(const Array& x, const ms::QuantSpec& spec, ms::DType dtype) {
+  ms::Tensor y;
+  {
+    nb::gil_scoped_release release;
+    y = ms::dequantize(ms::quantize(x.view, spec), dtype);
+  }
+  return to_numpy(std::move(y));
+}
+
 float py_global_scale(const Array& x) {
   nb::gil_scoped_release release;
   return ms::global_scale(x.view);
@@ -174,6 +199,45 @@ nb::object py_decode(const InArray& codes, const std::string& fmt_name) {
     }
   }
   return vector_to_numpy(std::move(out), shape);
+}
+
+// A read-only numpy view of any DLPack producer's host memory (torch, MLX, JAX, CuPy host
+// arrays), so that the Python layer checks one array type. No copy: the view holds the import,
+// which holds the producer's buffer. bfloat16 comes back as ml_dtypes.bfloat16 (numpy has no
+// bfloat16 of its own) and the 8-bit float types (float8_e4m3fn, float8_e8m0fnu, ...) as their
+// uint8 codes, which is how microscale reads scales.
+nb::object py_host_view(nb::handle obj, const std::string& what) {
+  nb::ndarray<nb::ro> a;
+  if (!nb::try_cast(obj, a)) {
+    throw nb::type_error((what + ": cannot be read through DLPack (expected an array with __dlpack__)").c_str());
+  }
+  if (a.device_type() != nb::device::cpu::value) {
+    const char* device = a.device_type() == nb::device::cuda::value ? "CUDA" : "non-CPU";
+    throw ms::Error(what + ": the array is in " + device + " memory (DLPack device type " +
+                    std::to_string(a.device_type()) +
+                    "); microscale's Python functions read host memory: copy it to the CPU first (e.g. tensor.cpu())");
+  }
+  using nb::dlpack::dtype_code;
+  nb::dlpack::dtype dt = a.dtype();
+  const bool bf16 = dt.code == static_cast<std::uint8_t>(dtype_code::Bfloat) && dt.bits == 16;
+  const bool byte_float = dt.bits == 8 && dt.code != static_cast<std::uint8_t>(dtype_code::Int) &&
+                          dt.code != static_cast<std::uint8_t>(dtype_code::UInt) &&
+                          dt.code != static_cast<std::uint8_t>(dtype_code::Bool);
+  if (bf16) dt = {static_cast<std::uint8_t>(dtype_code::UInt), 16, 1};
+  if (byte_float) dt = {static_cast<std::uint8_t>(dtype_code::UInt), 8, 1};
+  std::vector<size_t> shape(a.ndim());
+  std::vector<std::int64_t> strides(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    shape[i] = a.shape(i);
+    strides[i] = a.stride(i);
+  }
+  static std::uint64_t empty_storage = 0;  // numpy wants a non-null pointer even for size 0
+  const void* data = a.data() != nullptr ? a.data() : &empty_storage;
+  auto* owner = new nb::ndarray<nb::ro>(a);
+  nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<nb::ndarray<nb::ro>*>(p); });
+  nb::object out = nb::ndarray<nb::numpy, nb::ro>(data, shape.size(), shape.data(), cap, strides.data(), dt).cast();
+  if (bf16) out = out.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16"));
+  return out;
 }
 
 void py_set_backend(const std::string& name) {
@@ -382,11 +446,16 @@ NB_MODULE(_core, m) {
   m.def("dequantize", &py_dequantize, nb::arg("packed"), nb::arg("scales"), nb::arg("biases").none(), nb::arg("spec"),
         nb::arg("dtype"));
   m.def("global_scale", &py_global_scale, nb::arg("x"));
+  m.def("quantize_parts", &py_quantize_parts, nb::arg("x"), nb::arg("spec"));
+  m.def("quantize_dequantize", &py_quantize_dequantize, nb::arg("x"), nb::arg("spec"), nb::arg("dtype"));
   m.def("swizzle_scales", &py_swizzle, nb::arg("scales"));
   m.def("unswizzle_scales", &py_unswizzle, nb::arg("scales"), nb::arg("rows"), nb::arg("cols"));
   m.def("encode", &py_encode, nb::arg("x"), nb::arg("fmt"),
         "float32 C-contiguous -> uint8 codes (uint16 bits for bf16/f16)");
   m.def("decode", &py_decode, nb::arg("codes"), nb::arg("fmt"));
+  m.def("host_view", &py_host_view, nb::arg("obj"), nb::arg("what"),
+        "a read-only numpy view of a DLPack producer's host memory (bfloat16 as ml_dtypes.bfloat16, "
+        "8-bit floats as uint8 codes)");
 
   // A mode's default (group_size, bits), from the library's one table; None for an unknown name.
   m.def(

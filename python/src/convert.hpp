@@ -64,13 +64,17 @@ inline bool read_array(nb::handle src, Array& out) {
   std::optional<ms::DType> dtype;
   if (nb::hasattr(arr, "dtype")) {
     const nb::object dt = arr.attr("dtype");
-    const auto name = nb::cast<std::string>(dt.attr("name"));
-    const auto itemsize = nb::cast<int>(dt.attr("itemsize"));
-    if (name == "bfloat16" && itemsize == 2) {
-      arr = arr.attr("view")("uint16");
-      dtype = ms::DType::bfloat16;
-    } else if ((name.rfind("float8_", 0) == 0 || name.rfind("float4_", 0) == 0) && itemsize == 1) {
-      arr = arr.attr("view")("uint8");
+    // ml_dtypes' types are numpy kind 'V'. Only they need the name, which numpy computes in
+    // Python (several microseconds, more than a small quantize).
+    if (nb::cast<std::string>(dt.attr("kind")) == "V") {
+      const auto name = nb::cast<std::string>(dt.attr("name"));
+      const auto itemsize = nb::cast<int>(dt.attr("itemsize"));
+      if (name == "bfloat16" && itemsize == 2) {
+        arr = arr.attr("view")("uint16");
+        dtype = ms::DType::bfloat16;
+      } else if ((name.rfind("float8_", 0) == 0 || name.rfind("float4_", 0) == 0) && itemsize == 1) {
+        arr = arr.attr("view")("uint8");
+      }
     }
   }
   if (!nb::try_cast(arr, out.keep)) return false;

@@ -1,0 +1,293 @@
+"""torch integration: fake quantization with a straight-through estimator for quantization-aware
+training, and ``torch.nn.Module`` layers over microscale's quantized products.
+
+Importable only where torch is installed (``import microscale.torch``); tensors must be in host
+memory.
+
+>>> import torch, microscale.torch as mst
+>>> w = torch.randn(32, 64, requires_grad=True)
+>>> y = mst.fake_quantize(w, mode="nvfp4")          # forward: quantize_dequantize
+>>> y.sum().backward()                               # backward: straight-through, see below
+>>> lin = mst.QuantizedLinear.from_linear(torch.nn.Linear(64, 32))   # W4A16
+>>> lin(torch.randn(2, 64)).shape
+torch.Size([2, 32])
+
+Straight-through estimator (:class:`FakeQuantize`): the gradient of ``fake_quantize(x)`` is the
+incoming gradient where ``x`` is within its block's representable range and 0 elsewhere. The
+range of a block is what its decoded scale can reach: ``|x| <= E_max * scale`` for the fp modes,
+with ``E_max`` the element format's largest value (6 for E2M1 in nvfp4 and mxfp4, 448 for E4M3
+and 57344 for E5M2 in mxfp8) and ``scale`` the block scale as dequantize applies it (three-level
+nvfp4: ``val(s) * amax / 2688``). Beyond that bound the element is clamped to the largest code.
+For affine, the codes ``0`` and ``2^bits - 1`` decode to the range's ends ``lo`` and ``hi``;
+an element is in range when rounding, not clamping, chose its code: within half a step
+(``|hi - lo| / (2^bits - 1) / 2``) of ``[lo, hi]`` (with scale and bias stored in bfloat16 the
+group's far edge often lies just outside ``[lo, hi]`` and still rounds to its code). Elements out
+of range do not follow x and get gradient 0; NaN and Inf elements, and every element of a block
+that decoded to NaN (``nonfinite="propagate"``), get gradient 0. The bounds are computed in
+float32 by dequantizing the extreme codes with the block's own scale (and bias), the values the
+forward pass saturates to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Union
+
+import numpy as np
+import torch
+
+from . import OutType, _core, _deliver, dequantize, global_scale, qqmm, quantize, quantized_matmul
+
+__all__ = ["FakeQuantize", "fake_quantize", "QuantizedLinear", "QQLinear"]
+
+# The byte whose codes are each element format's largest positive value (FP4 packs two codes).
+_MAX_CODE_BYTE = {("nvfp4", "e4m3"): 0x77, ("mxfp4", "e4m3"): 0x77, ("mxfp8", "e4m3"): 0x7E,
+                  ("mxfp8", "e5m2"): 0x7B}
+
+
+def _in_range(x: torch.Tensor, parts: tuple[Any, ...], mode: str, group_size: Optional[int],
+              bits: Optional[int], global_scale_: Optional[float], elem: str) -> torch.Tensor:
+    """Bool tensor: where x is within its block's representable range (see the module doc)."""
+    packed, scales = parts[0], parts[1]
+    biases = parts[2] if len(parts) == 3 else None
+    kw: dict[str, Any] = dict(mode=mode, group_size=group_size, bits=bits,
+                              global_scale=global_scale_, elem=elem, dtype="float32",
+                              out_type="torch")
+    xf = x.detach().float()
+    if mode == "affine":
+        lo: torch.Tensor = dequantize(torch.zeros_like(packed), scales, biases, **kw)
+        hi: torch.Tensor = dequantize(torch.full_like(packed, 0xFF), scales, biases, **kw)  # codes 2^b-1
+        half_step = (hi - lo).abs() / (2 * (2 ** (packed.shape[-1] * 8 // x.shape[-1]) - 1))
+        return (xf >= torch.minimum(lo, hi) - half_step) & (xf <= torch.maximum(lo, hi) + half_step)
+    top: torch.Tensor = dequantize(torch.full_like(packed, _MAX_CODE_BYTE[(mode, elem)]), scales, **kw)
+    return xf.abs() <= top
+
+
+class FakeQuantize(torch.autograd.Function):
+    """``quantize_dequantize`` forward, straight-through backward (module doc). Use
+    :func:`fake_quantize`; ``apply(x, mode, group_size, bits, global_scale, scale_rule, elem)``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mode: str, group_size: Optional[int],
+                bits: Optional[int], global_scale_: Optional[float], scale_rule: str,
+                elem: str) -> torch.Tensor:
+        xd = x.detach()
+        parts = quantize(xd, mode=mode, group_size=group_size, bits=bits,
+                         global_scale=global_scale_, scale_rule=scale_rule, elem=elem,
+                         out_type="torch")
+        y: torch.Tensor = dequantize(*parts, mode=mode, group_size=group_size, bits=bits,
+                       global_scale=global_scale_, elem=elem, dtype=_dtype_name(x.dtype),
+                       out_type="torch")
+        ctx.save_for_backward(_in_range(xd, parts, mode, group_size, bits, global_scale_, elem))
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+        (mask,) = ctx.saved_tensors
+        return grad * mask.to(grad.dtype), None, None, None, None, None, None
+
+
+_TORCH_FLOAT_NAMES = {torch.float32: "float32", torch.float16: "float16",
+                      torch.bfloat16: "bfloat16"}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _TORCH_FLOAT_NAMES.get(dtype)
+    if name is None:
+        raise TypeError(f"x: unsupported dtype {dtype} (expected float32, float16 or bfloat16)")
+    return name
+
+
+def fake_quantize(x: torch.Tensor, mode: str = "nvfp4", group_size: Optional[int] = None,
+                  bits: Optional[int] = None,
+                  global_scale: Union[None, float, torch.Tensor] = None,
+                  scale_rule: str = "ceil", elem: str = "e4m3") -> torch.Tensor:
+    """Fake-quantize a float32 / float16 / bfloat16 CPU tensor ``[..., K]`` for training: the
+    forward value is ``microscale.quantize_dequantize(x, ...)`` in x's dtype, the gradient is
+    straight-through where x is within range and 0 where it saturated (module doc).
+    ``global_scale`` (nvfp4) is the tensor amax for three-level quantization, e.g.
+    ``microscale.global_scale(x)``; it is not differentiated. NaN and Inf follow
+    ``nonfinite="propagate"``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    _dtype_name(x.dtype)
+    if isinstance(global_scale, torch.Tensor):
+        global_scale = float(global_scale.detach().float().cpu())
+    y: torch.Tensor = FakeQuantize.apply(x, mode, group_size, bits, global_scale, scale_rule, elem)
+    return y
+
+
+def _torch(arr: Any) -> Optional[torch.Tensor]:
+    """A part (numpy, from the numpy layers) as a torch tensor sharing its memory."""
+    if arr is None:
+        return None
+    t: torch.Tensor = _deliver(np.ascontiguousarray(arr), OutType.torch)
+    return t
+
+
+def _req(arr: Any) -> torch.Tensor:
+    t = _torch(arr)
+    assert t is not None
+    return t
+
+
+def _weight_and_bias(linear_or_weight: Union[torch.nn.Linear, torch.Tensor],
+                     bias: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(weight, bias) of an nn.Linear or of a weight tensor and an optional bias."""
+    if isinstance(linear_or_weight, torch.nn.Linear):
+        if bias is not None:
+            raise ValueError("bias: an nn.Linear brings its own bias")
+        return linear_or_weight.weight.detach(), (None if linear_or_weight.bias is None
+                                                  else linear_or_weight.bias.detach())
+    return linear_or_weight, bias
+
+
+class QuantizedLinear(torch.nn.Module):
+    """``y = x @ W^T + bias`` with W quantized once and x kept in float (W4A16 for nvfp4 /
+    mxfp4, W8A16 for mxfp8, affine as MLX), a ``torch.nn.Module`` over
+    :func:`microscale.quantized_matmul`. The quantized parts are buffers (``weight`` packed
+    uint8 ``[out, in*bits/8]``, ``scales``, ``biases`` for affine, ``bias``), so they appear in
+    ``state_dict()``. Inference only: no gradients flow through it. x: float ``[..., in]`` on the
+    CPU; the result has x's dtype (affine: see quantized_matmul)."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor,
+                 biases: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                 mode: str = "nvfp4", group_size: Optional[int] = None, bits: Optional[int] = None,
+                 global_scale: Optional[float] = None, elem: str = "e4m3") -> None:
+        super().__init__()
+        defaults = _core.mode_defaults(mode) if isinstance(mode, str) else None
+        if defaults is None:
+            raise ValueError(f"mode: unknown mode {mode!r} (expected nvfp4, mxfp4, mxfp8 or affine)")
+        self.mode = mode
+        self.group_size = defaults[0] if group_size is None else int(group_size)
+        self.bits = defaults[1] if bits is None else int(bits)
+        self.global_scale = None if global_scale is None else float(np.float32(global_scale))
+        self.elem = elem
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("biases", biases)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: Union[torch.nn.Linear, torch.Tensor],
+                    bias: Optional[torch.Tensor] = None, mode: str = "nvfp4",
+                    group_size: Optional[int] = None, bits: Optional[int] = None,
+                    use_global_scale: bool = True, global_scale: Optional[float] = None,
+                    scale_rule: str = "ceil", elem: str = "e4m3") -> "QuantizedLinear":
+        """Quantize an ``nn.Linear`` (or a float ``[out, in]`` weight and optional bias) as
+        :meth:`microscale.QuantizedLinear.from_linear` does (nvfp4: three-level with the
+        weight's amax unless ``use_global_scale=False`` or ``global_scale`` is given)."""
+        from .layers import QuantizedLinear as _NumpyLinear
+
+        w, b = _weight_and_bias(linear, bias)
+        layer = _NumpyLinear.from_linear(w, b, mode=mode, group_size=group_size, bits=bits,
+                                         use_global_scale=use_global_scale,
+                                         global_scale=global_scale, scale_rule=scale_rule,
+                                         elem=elem)
+        return cls(_req(layer.weight), _req(layer.scales), _torch(layer.biases),
+                   _torch(layer.bias), layer.mode, layer.group_size, layer.bits,
+                   layer.global_scale, layer.elem)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[-1]) * 8 // self.bits
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = quantized_matmul(x, self.weight, self.scales, self.biases, True,
+                                           self.mode, self.group_size, self.bits,
+                                           self.global_scale, self.elem, self.bias,
+                                           out_type="torch")
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"mode={self.mode!r}, group_size={self.group_size}, bits={self.bits}, "
+                f"global_scale={self.global_scale}")
+
+
+class QQLinear(torch.nn.Module):
+    """``y = x @ W^T + bias`` with both operands quantized (nvfp4 W4A4, mxfp4, mxfp8), a
+    ``torch.nn.Module`` over :func:`microscale.qqmm`: the weight once, x on every call.
+
+    nvfp4 weights are three-level; the activations use their own amax on each call (dynamic
+    per-tensor scale) until :meth:`calibrate` freezes a static one (``input_global_scale``), as
+    torchao's NVFP4 dynamic and static configurations do. Inference only."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor,
+                 bias: Optional[torch.Tensor] = None, mode: str = "nvfp4",
+                 group_size: Optional[int] = None, bits: Optional[int] = None,
+                 global_scale: Optional[float] = None, input_global_scale: Optional[float] = None,
+                 scale_rule: str = "ceil", nonfinite: str = "propagate", elem: str = "e4m3") -> None:
+        super().__init__()
+        if mode not in ("nvfp4", "mxfp4", "mxfp8"):
+            raise ValueError(f"QQLinear: mode must be nvfp4, mxfp4 or mxfp8, got {mode!r}")
+        defaults = _core.mode_defaults(mode)
+        self.mode = mode
+        self.group_size = defaults[0] if group_size is None else int(group_size)
+        self.bits = defaults[1] if bits is None else int(bits)
+        self.global_scale = None if global_scale is None else float(np.float32(global_scale))
+        if input_global_scale is not None and self.global_scale is None:
+            raise ValueError("QQLinear: input_global_scale needs a three-level nvfp4 weight "
+                             "(global_scale)")
+        self.input_global_scale = (None if input_global_scale is None
+                                   else float(np.float32(input_global_scale)))
+        self.scale_rule = scale_rule
+        self.nonfinite = nonfinite
+        self.elem = elem
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: Union[torch.nn.Linear, torch.Tensor],
+                    bias: Optional[torch.Tensor] = None, mode: str = "nvfp4",
+                    group_size: Optional[int] = None, bits: Optional[int] = None,
+                    global_scale: Optional[float] = None, scale_rule: str = "ceil",
+                    nonfinite: str = "propagate", elem: str = "e4m3") -> "QQLinear":
+        """Quantize an ``nn.Linear`` (or a float ``[out, in]`` weight and optional bias) as
+        :meth:`microscale.QQLinear.from_linear` does."""
+        from .layers import QQLinear as _NumpyQQ
+
+        w, b = _weight_and_bias(linear, bias)
+        layer = _NumpyQQ.from_linear(w, b, mode=mode, group_size=group_size, bits=bits,
+                                     global_scale=global_scale, scale_rule=scale_rule,
+                                     nonfinite=nonfinite, elem=elem)
+        return cls(_req(layer.weight), _req(layer.scales), _torch(layer.bias), layer.mode,
+                   layer.group_size, layer.bits, layer.global_scale, None, scale_rule,
+                   nonfinite, elem)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[-1]) * 8 // self.bits
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    def calibrate(self, batches: Iterable[torch.Tensor]) -> "QQLinear":
+        """Freeze the nvfp4 activation global scale at the largest amax over ``batches`` (float
+        tensors ``[..., in_features]``; NaN, Inf, all-zero and wrongly shaped batches are refused,
+        as :meth:`microscale.QQLinear.calibrate` refuses them). Returns self."""
+        from .layers import QQLinear as _NumpyQQ
+
+        probe = _NumpyQQ(self.weight, self.scales, None, self.mode, self.group_size, self.bits,
+                         self.global_scale, None, self.scale_rule, self.nonfinite, self.elem)
+        self.input_global_scale = float(probe.calibrate(batches).input_global_scale)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gx = None
+        if self.global_scale is not None:
+            gx = self.input_global_scale if self.input_global_scale is not None else global_scale(x)
+        y: torch.Tensor = qqmm(x, self.weight, self.scales, self.mode, self.group_size, self.bits,
+                               gx, self.global_scale, self.scale_rule, self.nonfinite, self.elem,
+                               self.bias, out_type="torch")
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"mode={self.mode!r}, global_scale={self.global_scale}, "
+                f"input_global_scale={self.input_global_scale}")

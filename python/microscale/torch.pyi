@@ -1,0 +1,72 @@
+# Type stubs of microscale.torch (needs torch; mypy --strict clean, see
+# tests/python/typing_usage_torch.py).
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+__all__: list[str]
+
+class FakeQuantize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mode: str, group_size: Optional[int], bits: Optional[int],
+                global_scale_: Optional[float], scale_rule: str, elem: str) -> torch.Tensor: ...
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]: ...
+
+def fake_quantize(x: torch.Tensor, mode: str = ..., group_size: Optional[int] = ...,
+                  bits: Optional[int] = ..., global_scale: Union[None, float, torch.Tensor] = ...,
+                  scale_rule: str = ..., elem: str = ...) -> torch.Tensor: ...
+
+class QuantizedLinear(torch.nn.Module):
+    weight: torch.Tensor
+    scales: torch.Tensor
+    biases: Optional[torch.Tensor]
+    bias: Optional[torch.Tensor]
+    mode: str
+    group_size: int
+    bits: int
+    global_scale: Optional[float]
+    elem: str
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, biases: Optional[torch.Tensor] = ...,
+                 bias: Optional[torch.Tensor] = ..., mode: str = ..., group_size: Optional[int] = ...,
+                 bits: Optional[int] = ..., global_scale: Optional[float] = ..., elem: str = ...) -> None: ...
+    @classmethod
+    def from_linear(cls, linear: Union[torch.nn.Linear, torch.Tensor], bias: Optional[torch.Tensor] = ...,
+                    mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
+                    use_global_scale: bool = ..., global_scale: Optional[float] = ...,
+                    scale_rule: str = ..., elem: str = ...) -> QuantizedLinear: ...
+    @property
+    def in_features(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+class QQLinear(torch.nn.Module):
+    weight: torch.Tensor
+    scales: torch.Tensor
+    bias: Optional[torch.Tensor]
+    mode: str
+    group_size: int
+    bits: int
+    global_scale: Optional[float]
+    input_global_scale: Optional[float]
+    scale_rule: str
+    nonfinite: str
+    elem: str
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor] = ...,
+                 mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
+                 global_scale: Optional[float] = ..., input_global_scale: Optional[float] = ...,
+                 scale_rule: str = ..., nonfinite: str = ..., elem: str = ...) -> None: ...
+    @classmethod
+    def from_linear(cls, linear: Union[torch.nn.Linear, torch.Tensor], bias: Optional[torch.Tensor] = ...,
+                    mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
+                    global_scale: Optional[float] = ..., scale_rule: str = ..., nonfinite: str = ...,
+                    elem: str = ...) -> QQLinear: ...
+    @property
+    def in_features(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+    def calibrate(self, batches: Iterable[torch.Tensor]) -> QQLinear: ...
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...

@@ -1,0 +1,18 @@
+"""Type-checked, not run, where torch is installed: mypy --strict over microscale.torch's
+annotations in ordinary use (tests/python/test_typing.py runs it)."""
+
+from __future__ import annotations
+
+import torch
+
+import microscale
+import microscale.torch as mst
+
+
+def train_step(w: torch.Tensor, x: torch.Tensor) -> float:
+    y = mst.fake_quantize(w, mode="nvfp4", global_scale=float(microscale.global_scale(w)))
+    loss = (x @ y.T).square().mean()
+    lin = mst.QuantizedLinear.from_linear(torch.nn.Linear(64, 32), mode="mxfp4")
+    qq = mst.QQLinear.from_linear(w).calibrate([x])
+    out: torch.Tensor = lin(x) + qq(x)
+    return float(out.sum()) + float(loss) + lin.in_features
