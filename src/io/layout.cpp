@@ -128,7 +128,9 @@ std::vector<std::vector<std::string>> fused_groups(const std::vector<std::string
                                                              {"gate_proj", "up_proj"},
                                                              {"query", "key", "value"},
                                                              {"w1", "w3"},
-                                                             {"wq", "wk", "wv"}};
+                                                             {"wq", "wk", "wv"},
+                                                             // DeepSeek MLA: vLLM's fused_qkv_a_proj
+                                                             {"q_a_proj", "kv_a_proj_with_mqa"}};
   std::map<std::string, std::vector<std::string>> groups;  // parent + set -> members
   for (const std::string& m : modules) {
     const std::size_t dot = m.rfind('.');

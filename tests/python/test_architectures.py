@@ -321,3 +321,32 @@ def test_gpt2_conv1d_is_refused_naming_the_weights(tmp_path):
     assert '"transformer.h.1.mlp.c_fc.weight" (excluded)' in r.stderr
     assert '"transformer.wte.weight" (embedding)' in r.stderr
     assert not out.exists()
+
+
+# Sibling projections vLLM runs as one GEMM with one global scale, so both ecosystems export them
+# with a common one: llm-compressor's fused layer names (q/k/v, gate/up, w1/w3 and DeepSeek MLA's
+# q_a_proj + kv_a_proj_with_mqa, vLLM's fused_qkv_a_proj); ModelOpt fuses linears that share an input.
+FUSED = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"), ("q_a_proj", "kv_a_proj_with_mqa")]
+
+
+@pytest.mark.parametrize("export", ["compressed-tensors", "modelopt"])
+@pytest.mark.parametrize("arch", LINEAR_ARCHS)
+def test_fused_projections_share_one_global_scale(quantized, arch, export):
+    out, _, _, _ = quantized(arch, "nvfp4", export)
+    src, got = source(arch), load_all(out)
+    key = ".weight_global_scale" if export == "compressed-tensors" else ".weight_scale_2"
+    want_q, _, _ = expectation(arch)
+    groups = {}
+    for module in want_q:
+        parent, _, last = module.rpartition(".")
+        for i, names in enumerate(FUSED):
+            if last in names:
+                groups.setdefault((parent, i), []).append(module)
+    fused = {m for members in groups.values() if len(members) > 1 for m in members}
+    for module in want_q:
+        members = next((g for g in groups.values() if module in g and len(g) > 1), [module])
+        amax = max(np.float32(np.abs(src[m + ".weight"].astype(np.float32)).max()) for m in members)
+        want = np.float32(2688) / amax if export == "compressed-tensors" else amax / np.float32(2688)
+        assert got[module + key].reshape(-1)[0] == want, (module, members)
+    if arch == "deepseek_v3":
+        assert "model.layers.0.self_attn.kv_a_proj_with_mqa" in fused
