@@ -81,6 +81,11 @@ def expectation(arch):
         else:
             # Norms, biases (gpt-oss's stacked expert biases are 2-D), sinks: no weights.
             assert w.ndim == 1 or leaf.endswith("bias"), f"{arch}: {name} {w.shape} is neither a projection nor kept"
+    # Tied embeddings store no lm_head weight, but loaders still build an lm_head Linear (tied to
+    # the embedding), which compressed-tensors would take for quantized unless the list names it.
+    with open(os.path.join(FIXTURES, arch, "config.json")) as f:
+        if json.load(f).get("tie_word_embeddings") and "lm_head.weight" not in kept:
+            ignored.add("lm_head")
     return quantized, kept, ignored
 
 
