@@ -46,12 +46,13 @@ def fixtures():
                                                           **moe)),
         # DeepSeek-V3: MLA (q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj and their norms), the
         # first layer dense, then routed plus shared experts; router mlp.gate with its
-        # e_score_correction_bias; untied.
+        # e_score_correction_bias; untied. qk_nope / v head dims of 64: mlx-lm splits kv_b_proj per
+        # head and re-quantizes the pieces along them.
         "deepseek_v3": (t.DeepseekV3ForCausalLM,
                         t.DeepseekV3Config(hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
                                            num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=2,
                                            num_key_value_heads=2, q_lora_rank=64, kv_lora_rank=64,
-                                           qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
+                                           qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64,
                                            n_routed_experts=4, n_shared_experts=1, n_group=1, topk_group=1,
                                            vocab_size=128, max_position_embeddings=128, tie_word_embeddings=False,
                                            **moe)),
@@ -71,6 +72,22 @@ def fixtures():
         "gpt2": (t.GPT2LMHeadModel, t.GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=64, vocab_size=128,
                                                  tie_word_embeddings=True)),
     }
+
+
+def published_keys(d):
+    """Adds to config.json the keys the published configs carry and transformers 5 writes under
+    new names (top-level rope_theta, Qwen3-MoE's num_experts), which mlx-lm 0.32 reads."""
+    path = os.path.join(d, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None:
+        cfg.setdefault("rope_theta", theta)
+    if cfg["model_type"] == "qwen3_moe":
+        cfg.setdefault("num_experts", cfg["num_local_experts"])
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def header(path):
@@ -94,6 +111,7 @@ def main():
         for extra in os.listdir(d):
             if extra not in ("config.json", "model.safetensors"):
                 os.remove(os.path.join(d, extra))
+        published_keys(d)
         h = header(os.path.join(d, "model.safetensors"))
         size = os.path.getsize(os.path.join(d, "model.safetensors"))
         manifest += [f"## {name} ({cls.__name__}, {size // 1024} KiB)", "", "| tensor | dtype | shape |",
