@@ -221,9 +221,11 @@ def test_quantizes_exactly_the_projections(quantized, arch, fmt, export):
 def test_ignore_list_is_what_was_left(quantized, arch, fmt, export):
     out, _, _, _ = quantized(arch, fmt, export)
     _, _, want = expectation(arch)
+    embeddings = {n.rpartition(".")[0] for n, why in expectation(arch)[1].items() if why == "embedding"}
     for ignore in ignore_lists(out, export):
         assert len(ignore) == len(set(ignore))
-        assert set(ignore) == want
+        # ModelOpt's own export also names the (unquantized) embedding; nothing else may differ.
+        assert set(ignore) - (embeddings if export == "modelopt" else set()) == want
 
 
 @pytest.mark.parametrize("fmt,export", MODES, ids=MODE_IDS)
@@ -300,8 +302,10 @@ def test_convert_keeps_the_codes(quantized, tmp_path, arch, src_mode, to):
     if src_mode[1] == "mlx":
         before = decode(out)
         assert all(u8(ref[m]).tobytes() == u8(before[m]).tobytes() for m in ref)
+    _, kept, want = expectation(arch)
+    embeddings = {n.rpartition(".")[0] for n, why in kept.items() if why == "embedding"}
     for ignore in ignore_lists(str(conv), to):
-        assert set(ignore) == expectation(arch)[2]
+        assert set(ignore) - (embeddings if to == "modelopt" else set()) == want
 
 
 @pytest.mark.parametrize("arch", ["llama", "deepseek_v3"])
