@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "io/layout.hpp"
+#include "io/weight_rules.hpp"
 
 namespace microscale::io {
 
@@ -131,7 +132,9 @@ std::vector<std::vector<std::string>> fused_groups(const std::vector<std::string
                                                              {"gate_proj", "up_proj"},
                                                              {"query", "key", "value"},
                                                              {"w1", "w3"},
-                                                             {"wq", "wk", "wv"}};
+                                                             {"wq", "wk", "wv"},
+                                                             // DeepSeek MLA: vLLM's fused_qkv_a_proj
+                                                             {"q_a_proj", "kv_a_proj_with_mqa"}};
   std::map<std::string, std::vector<std::string>> groups;  // parent + set -> members
   for (const std::string& m : modules) {
     const std::size_t dot = m.rfind('.');
@@ -188,8 +191,11 @@ Json apply_config(Json& config, std::optional<Convention> c, const QuantMeta& me
   if (count.size() > 1 && !lay.per_layer_schemes)
     throw Error(std::string("layers use several quantization schemes; ") + lay.name + " export needs a single one");
 
+  std::vector<std::string> names = meta.ignore, quantized;
+  for (const Layer* l : meta.layers) quantized.push_back(l->module);
+  add_tied_lm_head(names, config, quantized);
   Json ignore = Json::array();
-  for (const std::string& m : meta.ignore) ignore.push_back(m);
+  for (const std::string& m : names) ignore.push_back(m);
   return lay.write_config(config, {static_cast<Mode>(mode_i), group, bits}, ignore, meta);
 }
 

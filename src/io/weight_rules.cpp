@@ -64,6 +64,19 @@ void add_ignored(std::vector<std::string>& ignore, const std::string& module, Ke
   if (std::find(ignore.begin(), ignore.end(), module) == ignore.end()) ignore.push_back(module);
 }
 
+void add_tied_lm_head(std::vector<std::string>& ignore, const detail::Json& config,
+                      const std::vector<std::string>& quantized) {
+  auto ties = [](const Json& c) {
+    const auto it = c.find("tie_word_embeddings");
+    return it != c.end() && it->is_boolean() && it->get<bool>();
+  };
+  if (!config.is_object()) return;
+  const auto text = config.find("text_config");
+  if (!ties(config) && !(text != config.end() && text->is_object() && ties(*text))) return;
+  if (std::find(quantized.begin(), quantized.end(), "lm_head") != quantized.end()) return;
+  add_ignored(ignore, "lm_head", Keep::lm_head);
+}
+
 void add_ignored_tensor(std::vector<std::string>& ignore, const std::string& name, const Shape& shape, StDType dtype) {
   if (looks_like_weight(name, shape)) add_ignored(ignore, owner_module(name), default_keep(name, shape, dtype));
 }

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "io/detail.hpp"
 #include "microscale/io.hpp"
 
 namespace microscale::io::ck {
@@ -33,6 +34,12 @@ std::string owner_module(const std::string& name);
 // loaders would otherwise take it for a quantized Linear: every kind of Linear weight (embeddings
 // and norms are not Linear layers, so no loader looks them up).
 void add_ignored(std::vector<std::string>& ignore, const std::string& module, Keep k);
+// Adds "lm_head" when the model ties its output projection to the embedding (config
+// `tie_word_embeddings`, or its `text_config`'s) and `quantized` does not hold it: such a checkpoint
+// stores no lm_head weight, yet loaders build an lm_head Linear from the config and would take it
+// for quantized (compressed-tensors then finds no weight to tie).
+void add_tied_lm_head(std::vector<std::string>& ignore, const detail::Json& config,
+                      const std::vector<std::string>& quantized);
 // The same for a tensor copied through unquantized (convert, save_checkpoint).
 void add_ignored_tensor(std::vector<std::string>& ignore, const std::string& name, const Shape& shape, StDType dtype);
 
