@@ -311,10 +311,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     items.push_back(std::move(it));
   }
 
-  Staging st(in.dir, out, opt.force);
-  execute(in, st.dir(), items, lay.shard_format, opt.progress, report);
-  finish_dir(in, st, opt.to, meta, report);
-  st.commit();
+  write_output(in, out, opt.force, items, lay.shard_format, opt.to, meta, opt.progress, report);
   return report;
 }
 

@@ -155,4 +155,13 @@ void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to
   write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
 }
 
+void write_output(const Input& in, const fs::path& out, bool force, std::vector<Item>& items, const char* shard_format,
+                  std::optional<Convention> to, const QuantMeta& meta, const ProgressFn& progress, Report& report,
+                  std::optional<DType> dtype) {
+  Staging st(in.dir, out, force);
+  execute(in, st.dir(), items, shard_format, progress, report);
+  finish_dir(in, st, to, meta, report, dtype);
+  st.commit();
+}
+
 }  // namespace microscale::io::ck

@@ -49,6 +49,11 @@ void execute(const Input& in, const fs::path& out, std::vector<Item>& items, con
 void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta, Report& report,
                 std::optional<DType> dtype = std::nullopt);
 
+// The whole tail of an operation: Staging next to `out`, execute, finish_dir, commit.
+void write_output(const Input& in, const fs::path& out, bool force, std::vector<Item>& items, const char* shard_format,
+                  std::optional<Convention> to, const QuantMeta& meta, const ProgressFn& progress, Report& report,
+                  std::optional<DType> dtype = std::nullopt);
+
 // glibc raises its mmap threshold after large frees, so per-tensor buffers of a few MB end up on
 // the heap and stay resident after being freed; hand them back so the peak stays near one tensor.
 void trim_heap();
