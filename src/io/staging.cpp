@@ -259,7 +259,8 @@ PartStaging::PartStaging(const fs::path& in_dir, const fs::path& out, bool force
   if (!fs::exists(dir_ / kIncomplete, ec)) throw Error("cannot write in " + dir_.string());
   // The first part records the plan (link() creates it only where it is absent, atomically);
   // every other part must agree with it.
-  const fs::path mine = dir_ / (kPlan + std::string(".part") + std::to_string(part.index));
+  // Named ".tmp." like every temporary file, so that one a kill leaves is never published.
+  const fs::path mine = dir_ / (kPlan + std::string(".tmp.part") + std::to_string(part.index));
   write_text_atomic(mine, plan.dump(1) + "\n");
   const int linked = ::link(mine.c_str(), (dir_ / kPlan).c_str()), err = errno;
   fs::remove(mine, ec);

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct Item {
   std::uint64_t order = 0;  // data offset of its primary tensor in that shard
   std::vector<StEntry> entries;
   std::uint64_t in_bytes = 0;
+  std::vector<std::span<const std::byte>> inputs;  // the mapped bytes it reads, to prefetch
   std::string label;
   std::function<void(SafetensorsWriter&)> run;
 };
