@@ -119,6 +119,9 @@ std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool
 }  // namespace
 
 Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
+  if (opt.part.count < 1 || opt.part.index < 0 || opt.part.index >= opt.part.count)
+    throw Error("part " + std::to_string(opt.part.index) + " of " + std::to_string(opt.part.count) +
+                ": the number of parts must be at least 1 and the part 0 to one less");
   const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   if (!det.layers.empty())

@@ -91,6 +91,11 @@ TEST(SplitRun, PartsThatDisagreeAreRefused) {
   other.spec.mode = Mode::nvfp4;
   other.share_fused_scales = false;
   expect_error([&] { quantize_checkpoint(in, dir / "out", other); }, {"other options"});
+  for (const Part bad : {Part{0, 0}, Part{2, 2}, Part{-1, 2}}) {
+    other = opt;
+    other.part = bad;
+    expect_error([&] { quantize_checkpoint(in, dir / "out", other); }, {"the number of parts must be at least 1"});
+  }
   EXPECT_FALSE(fs::exists(dir / "out"));
   opt.part = {1, 2};
   EXPECT_TRUE(quantize_checkpoint(in, dir / "out", opt).published);
