@@ -89,6 +89,8 @@ step "python wheel: build once, auditwheel repair, install into $VENV, check it 
 bash scripts/test-wheel.sh "$PYTHON"
 
 step "python tests (pytest tests/python)"
+# mpirun for the split-quantization test (about 7 MB to download, 16 s to install; skipped without).
+ensure_apt_packages openmpi-bin
 "$PYTHON" -m pytest tests/python -q
 
 step "C++ matmul and thread tests with each CPU target forced (MICROSCALE_CPU_TARGET)"

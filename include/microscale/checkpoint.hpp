@@ -91,6 +91,19 @@ struct Report {
   std::vector<std::string> notes;  // warnings and decisions worth telling the user
   std::uint64_t bytes_in = 0, bytes_out = 0;
   std::size_t shards = 0;
+  bool published = true;  // false for a split run's part that left publishing the output to another part
+};
+
+// One process of a quantize split across `count` processes (QuantizeOptions::part). Every part
+// plans the whole output from the source alone, writes every count-th output shard (those whose
+// position among the output shards is `index` mod `count`) into a staging directory
+// `.<out>.tmp.parts` shared next to `out`, and marks itself done; the part that finds every part
+// done writes the index, config and other files and publishes `out`, byte-identical to a
+// single-process run. Parts that disagree on the source's layout or the options are refused, as
+// is any other command writing `out` until the missing parts ran (the same command again) or the
+// staging directory is deleted.
+struct Part {
+  int index = 0, count = 1;
 };
 
 struct QuantizeOptions {
@@ -115,6 +128,7 @@ struct QuantizeOptions {
   bool w4a4 = false;           // demand W4A4: refused unless activation_amax covers every layer
   bool measure_error = false;  // fill TensorReport::rel_error / sqnr_db (one dequantize per layer)
   bool force = false;
+  Part part;  // count 1: the whole checkpoint in this process
   ProgressFn progress;
 };
 // `in`: a model directory (config.json + model.safetensors or an index with shards) or a single

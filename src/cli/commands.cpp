@@ -5,10 +5,12 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -113,6 +115,64 @@ std::map<std::string, float> read_amax_file(const std::string& path) {
   return m;
 }
 
+// "I/N": part I (from 0) of N.
+std::optional<io::Part> parse_part(std::string_view text) {
+  const std::size_t slash = text.find('/');
+  if (slash == std::string_view::npos) return std::nullopt;
+  io::Part p;
+  for (auto [s, v] : {std::pair{text.substr(0, slash), &p.index}, std::pair{text.substr(slash + 1), &p.count}}) {
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  }
+  return p;
+}
+
+// The rank and size a launcher gives each process: Open MPI's mpirun, MPICH-style PMI (Intel MPI,
+// srun --mpi=pmi2), srun's tasks, then a Slurm job array's tasks.
+io::Part part_from_launcher() {
+  auto env = [](const char* k) { return std::getenv(k); };
+  auto read = [&](const char* rank, const char* size, int offset = 0) -> std::optional<io::Part> {
+    const char* r = env(rank);
+    const char* n = env(size);
+    if (!r && !n) return std::nullopt;
+    if (!r || !n)
+      throw Error(std::string("--part auto: ") + (r ? rank : size) + " is set but " + (r ? size : rank) +
+                  " is not; give --part I/N");
+    const auto p = parse_part(std::string(r) + "/" + n);
+    if (!p) throw Error(std::string("--part auto: ") + rank + "=" + r + " and " + size + "=" + n + " are not numbers");
+    return io::Part{p->index - offset, p->count};
+  };
+  if (auto p = read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) return *p;
+  if (auto p = read("PMI_RANK", "PMI_SIZE")) return *p;
+  const char* ntasks = env("SLURM_NTASKS");
+  if (ntasks && std::string_view(ntasks) != "1")
+    if (auto p = read("SLURM_PROCID", "SLURM_NTASKS")) return *p;
+  if (env("SLURM_ARRAY_TASK_ID")) {
+    const char* min = env("SLURM_ARRAY_TASK_MIN");
+    if (auto p = read("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", min ? std::atoi(min) : 0)) return *p;
+  }
+  if (auto p = read("SLURM_PROCID", "SLURM_NTASKS")) return *p;
+  throw Error(
+      "--part auto: no launcher rank in the environment (OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE, "
+      "SLURM_PROCID/NTASKS or SLURM_ARRAY_TASK_ID/COUNT); run under mpirun or srun, or give --part I/N");
+}
+
+io::Part part_option(const std::string& text) {
+  const std::optional<io::Part> p = text == "auto" ? part_from_launcher() : parse_part(text);
+  const std::string what = text == "auto" ? "--part auto (from the launcher: " : "--part " + text + " (";
+  if (!p)
+    throw Error("--part " + text +
+                ": expected I/N, this process's part (from 0) and the number of parts, e.g. 0/4, or auto");
+  if (p->count < 1)
+    throw Error(what + "part " + std::to_string(p->index) + " of " + std::to_string(p->count) +
+                "): the number of parts must be at least 1");
+  if (p->index < 0 || p->index >= p->count)
+    throw Error(what + "part " + std::to_string(p->index) + " of " + std::to_string(p->count) +
+                "): the part must be 0 to " + std::to_string(p->count - 1) +
+                (text == "auto" ? "; a Slurm array must be contiguous (--array=0-N or 1-N)" : ""));
+  return *p;
+}
+
 }  // namespace
 
 std::vector<Command> add_checkpoint_commands(CLI::App& app) {
@@ -121,7 +181,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
   // ---- quantize
   {
     struct O {
-      std::string in, out, format = "nvfp4", to, scale_rule, nonfinite = "propagate", amax_file, errors_csv;
+      std::string in, out, format = "nvfp4", to, scale_rule, nonfinite = "propagate", amax_file, errors_csv, part;
       std::vector<std::string> exclude, include;
       int group = 0;
       bool force = false, w4a4 = false, errors = false, separate = false;
@@ -155,10 +215,15 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_flag("--errors", o->errors, "measure and print each layer's relative error and SQNR");
     c->add_option("--errors-csv", o->errors_csv, "also write the per-layer errors to this CSV (implies --errors)");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
+    c->add_option("--part", o->part,
+                  "I/N: this process writes every N-th output shard (I from 0) of a run split over N processes, "
+                  "which may run anywhere that sees OUT's directory; the last to finish publishes OUT. auto: I and N "
+                  "from mpirun or Slurm (srun tasks or an array job)");
     cmds.push_back(
         {c, [o] {
            run_interruptible(o->out, [&] {
              io::QuantizeOptions opt;
+             if (!o->part.empty()) opt.part = part_option(o->part);
              opt.spec = spec_from_format(o->format);
              if (o->group) opt.spec.group_size = o->group;
              if (!o->scale_rule.empty()) {
@@ -183,7 +248,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              const io::Report r = io::quantize_checkpoint(o->in, o->out, opt);
              bar.finish();
              std::printf("%s %s -> %s (%s)\n", o->format.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));
-             print_summary("wrote", r, o->out, seconds_since(t0));
+             print_summary(r.published ? "wrote" : "wrote part of", r, o->out, seconds_since(t0));
              // Every weight left in high precision, by reason.
              std::map<std::string, std::vector<std::string>> kept;
              for (const io::TensorReport& t : r.tensors)

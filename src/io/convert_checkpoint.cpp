@@ -78,10 +78,7 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
     if (!det.consumed.count(n) && !det.sources.consumed.count(n)) items.push_back(passthrough(in, n, report));
   if (acts) report.notes.push_back(std::to_string(acts) + " activation scales dropped (the output is not quantized)");
 
-  Staging st(in.dir, out, opt.force);
-  execute(in, st.dir(), items, nullptr, opt.progress, report);
-  finish_dir(in, st, std::nullopt, {}, report, dtype);
-  st.commit();
+  write_output(in, out, opt.force, items, nullptr, std::nullopt, {}, opt.progress, report, dtype);
   return report;
 }
 
@@ -167,10 +164,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   for (const std::string& n : in.ck.names())
     if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
 
-  Staging st(in.dir, out, opt.force);
-  execute(in, st.dir(), items, lay.shard_format, opt.progress, report);
-  finish_dir(in, st, opt.to, meta, report);
-  st.commit();
+  write_output(in, out, opt.force, items, lay.shard_format, opt.to, meta, opt.progress, report);
   return report;
 }
 

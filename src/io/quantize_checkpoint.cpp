@@ -2,6 +2,7 @@
 // tensors, everything else copied (docs/checkpoints.md, "What is quantized").
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -91,9 +92,36 @@ double rel_error(const TensorView& w, const Tensor& y, double* sqnr) {
   return energy > 0 ? std::sqrt(err / energy) : 0.0;
 }
 
+// The options that shape a quantized output's bytes, which every part of a split run must share.
+std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool w4a4) {
+  Json j = Json::object();
+  j["mode"] = name(base.mode);
+  j["group"] = base.group_size;
+  j["bits"] = base.bits;
+  j["scale_rule"] = name(base.scale_rule);
+  j["nonfinite"] = name(base.nonfinite);
+  j["elem"] = name(base.elem);
+  j["export"] = name(opt.to);
+  j["exclude"] = opt.exclude;
+  j["include"] = opt.include;
+  j["share_fused_scales"] = opt.share_fused_scales;
+  j["w4a4"] = w4a4;
+  Json amax = Json::object();
+  for (const auto& [m, a] : opt.activation_amax) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%a", static_cast<double>(a));  // exact
+    amax[m] = buf;
+  }
+  j["activation_amax"] = std::move(amax);
+  return j.dump();
+}
+
 }  // namespace
 
 Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
+  if (opt.part.count < 1 || opt.part.index < 0 || opt.part.index >= opt.part.count)
+    throw Error("part " + std::to_string(opt.part.index) + " of " + std::to_string(opt.part.count) +
+                ": the number of parts must be at least 1 and the part 0 to one less");
   const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   if (!det.layers.empty())
@@ -232,31 +260,37 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     meta.layers.push_back(&s.skel);
   }
 
-  // Fused groups share the largest amax of their members (vLLM keeps one scale per fused GEMM).
-  std::map<std::string, float> shared;
+  // Fused groups share the largest amax of their members (vLLM keeps one scale per fused GEMM),
+  // computed when a group's first member is written: a split run's part reads only its own groups.
+  std::vector<std::vector<std::string>> groups;
+  std::map<std::string, std::size_t> group_of;  // module -> its group
+  std::map<std::size_t, float> group_amax;
+  std::map<std::string, const std::string*> tensor_of;
   if (three && opt.share_fused_scales) {
     std::vector<std::string> mods;
-    std::map<std::string, const std::string*> tensor_of;
     for (const Sel& s : chosen) {
       mods.push_back(s.module);
       tensor_of[s.module] = &s.name;
     }
-    const auto groups = fused_groups(mods);
-    for (const auto& g : groups) {
-      float mx = 0;
-      for (const std::string& m : g) {
-        const StTensor& t = in.ck.tensor(*tensor_of[m]);
-        Tensor storage;
-        mx = std::max(mx, global_scale(float_values(in.ck, det.sources, *tensor_of[m], storage)));
-        release(t.data);
-      }
-      for (const std::string& m : g) shared[m] = mx;
-    }
+    groups = fused_groups(mods);
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      for (const std::string& m : groups[g]) group_of[m] = g;
     if (!groups.empty())
       report.notes.push_back(std::to_string(groups.size()) +
                              " fused groups (q/k/v, gate/up, ...) share one global scale each: the largest amax of "
                              "their members, as ModelOpt and llm-compressor export them");
   }
+  auto shared_amax = [&](std::size_t g) {
+    if (const auto it = group_amax.find(g); it != group_amax.end()) return it->second;
+    float mx = 0;
+    for (const std::string& m : groups[g]) {
+      const StTensor& t = in.ck.tensor(*tensor_of[m]);
+      Tensor storage;
+      mx = std::max(mx, global_scale(float_values(in.ck, det.sources, *tensor_of[m], storage)));
+      release(t.data);
+    }
+    return group_amax[g] = mx;
+  };
 
   std::vector<Item> items;
   std::map<std::string, const Sel*> by_name;
@@ -287,11 +321,11 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
                     " non-finite values (NaN/Inf) of " + std::to_string(src.numel()) +
                     "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
                     "in the blocks they hit) or saturate");
+      const auto group = group_of.find(sp->module);
+      const std::optional<float> fused =
+          group != group_of.end() ? std::optional(shared_amax(group->second)) : std::nullopt;
       QuantSpec spec = base;
-      if (three) {
-        auto sh = shared.find(sp->module);
-        spec.global_scale = sh != shared.end() ? sh->second : global_scale(x);
-      }
+      if (three) spec.global_scale = fused ? *fused : global_scale(x);
       Quantized q;
       try {
         q = quantize(x, spec);
@@ -321,10 +355,8 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   }
 
   note_dropped(det.sources, report);
-  Staging st(in.dir, out, opt.force);
-  execute(in, st.dir(), items, lay.shard_format, opt.progress, report);
-  finish_dir(in, st, opt.to, meta, report);
-  st.commit();
+  write_output(in, out, opt.force, items, lay.shard_format, opt.to, meta, opt.progress, report, std::nullopt, opt.part,
+               options_text(base, opt, w4a4));
   return report;
 }
 

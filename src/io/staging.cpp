@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "io/layer.hpp"
 #include "io/staging.hpp"
@@ -65,41 +67,103 @@ void carry_over(const fs::path& from, const fs::path& to, bool top) {
   }
 }
 
-}  // namespace
-
-Staging::Staging(const fs::path& in_dir, const fs::path& out, bool force) {
+// The output as it will be written, checked: not a file, not the input, and (unless `force`) empty;
+// `replace` says whether a directory is there to be swapped out.
+fs::path checked_output(const fs::path& in_dir, const fs::path& out, bool force, bool& replace) {
   std::error_code ec;
-  out_ = fs::absolute(out).lexically_normal();
-  if (out_.filename().empty()) out_ = out_.parent_path();  // "out/" names "out"
-  if (fs::is_symlink(out_, ec)) {                          // replace the target, keep the link
-    out_ = fs::canonical(out_, ec);
+  fs::path o = fs::absolute(out).lexically_normal();
+  if (o.filename().empty()) o = o.parent_path();  // "out/" names "out"
+  if (fs::is_symlink(o, ec)) {                    // replace the target, keep the link
+    o = fs::canonical(o, ec);
     if (ec) throw Error("output " + out.string() + " is a symbolic link to nothing: " + ec.message());
   }
-  if (out_.filename().empty())
-    throw Error("output directory " + out.string() + " is a file system root; choose another");
-  if (fs::exists(out_, ec)) {
-    if (!fs::is_directory(out_, ec)) throw Error("output " + out.string() + " exists and is not a directory");
-    if (!in_dir.empty() && fs::equivalent(in_dir, out_, ec))
+  if (o.filename().empty()) throw Error("output directory " + out.string() + " is a file system root; choose another");
+  replace = false;
+  if (fs::exists(o, ec)) {
+    if (!fs::is_directory(o, ec)) throw Error("output " + out.string() + " exists and is not a directory");
+    if (!in_dir.empty() && fs::equivalent(in_dir, o, ec))
       throw Error("output directory " + out.string() + " is the input directory; choose another");
-    if (!fs::is_empty(out_, ec)) {
+    if (!fs::is_empty(o, ec)) {
       if (!force) throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
       // The whole directory is replaced: only ever a model directory, never a home or a project.
-      if (!holds_checkpoint(out_))
+      if (!holds_checkpoint(o))
         throw Error("output directory " + out.string() +
                     " is not empty and holds no checkpoint (no config.json or "
                     ".safetensors file); --force replaces only a previous output: choose a new directory");
     }
-    replace_ = true;
+    replace = true;
   }
-  const fs::path parent = out_.parent_path();
-  fs::create_directories(parent, ec);
+  fs::create_directories(o.parent_path(), ec);
   if (ec) throw Error("cannot create output directory " + out.string() + ": " + ec.message());
+  return o;
+}
+
+// The split run's files in its staging directory: the plan and one marker per finished part.
+constexpr const char* kPlan = ".microscale-parts.json";
+fs::path parts_dir(const fs::path& out) { return out.parent_path() / ("." + out.filename().string() + ".tmp.parts"); }
+fs::path done_marker(const fs::path& dir, int index) {
+  return dir / (".microscale-part-" + std::to_string(index) + "-done");
+}
+
+// "parts 0, 2 of 3 are done" from what a split run's staging directory holds.
+std::string parts_progress(const fs::path& dir) {
+  std::error_code ec;
+  int count = 0;
+  if (std::ifstream f(dir / kPlan); f) {
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    try {
+      count = detail::parse_json(ss.str(), (dir / kPlan).string(), "plan", 8).value("parts", 0);
+    } catch (const std::exception&) {
+      count = 0;
+    }
+  }
+  std::string done;
+  int n = 0;
+  for (int i = 0; i < count; ++i)
+    if (fs::exists(done_marker(dir, i), ec)) done += (n++ ? ", " : "") + std::to_string(i);
+  if (count == 0) return "its plan is missing";
+  return n == 0 ? "none of its " + std::to_string(count) + " parts is done"
+                : "part" + std::string(n > 1 ? "s " : " ") + done + " of " + std::to_string(count) +
+                      (n > 1 ? " are" : " is") + " done";
+}
+
+void refuse_unfinished_parts(const fs::path& out) {
+  std::error_code ec;
+  const fs::path dir = parts_dir(out);
+  if (!fs::exists(fs::symlink_status(dir, ec))) return;
+  throw Error("a split run (--part) writing " + out.string() + " is unfinished (" + parts_progress(dir) + ", in " +
+              dir.string() + "): run its missing parts again (the same command with their --part), or delete " +
+              dir.string() + " to start over");
+}
+
+}  // namespace
+
+Staging::Staging(const fs::path& in_dir, const fs::path& out, bool force) : Staging(in_dir, out, force, true) {}
+
+Staging::Staging(const fs::path& in_dir, const fs::path& out, bool force, bool create) {
+  out_ = checked_output(in_dir, out, force, replace_);
+  tmp_ = out_.parent_path() / (prefix() + std::to_string(::getpid()));
+  // Taking over a split run's directory, nothing is removed: the parts may have run on other
+  // machines, whose process ids say nothing here.
+  if (!create) return;
+  refuse_unfinished_parts(out_);
   remove_dead_runs();
-  tmp_ = parent / (prefix() + std::to_string(::getpid()));
+  std::error_code ec;
   fs::remove_all(tmp_, ec);
   if (!fs::create_directory(tmp_, ec) || ec)
     throw Error("cannot create output directory " + tmp_.string() + ": " + (ec ? ec.message() : "it exists"));
   write_text_atomic(tmp_ / kIncomplete, "microscale is writing " + out_.string() + "\n");
+}
+
+std::unique_ptr<Staging> Staging::claim(const fs::path& in_dir, const fs::path& out, bool force,
+                                        const fs::path& parts) {
+  std::unique_ptr<Staging> st(new Staging(in_dir, out, force, false));
+  if (::rename(parts.c_str(), st->tmp_.c_str()) == 0) return st;
+  const int err = errno;
+  st->committed_ = true;              // whatever is at tmp_ is not ours to remove
+  if (err == ENOENT) return nullptr;  // another part took it
+  throw Error("cannot move " + parts.string() + " to " + st->tmp_.string() + ": " + std::strerror(err));
 }
 
 Staging::~Staging() {
@@ -177,6 +241,61 @@ Input open_complete(const fs::path& path) {
                 " is an unfinished microscale output (the run writing it was stopped); delete it "
                 "and run the command again");
   return open_input(path);
+}
+
+PartStaging::PartStaging(const fs::path& in_dir, const fs::path& out, bool force, Part part, const Json& plan)
+    : in_dir_(in_dir), force_(force), part_(part) {
+  bool replace = false;
+  out_ = checked_output(in_dir, out, force, replace);
+  dir_ = parts_dir(out_);
+  std::error_code ec;
+  fs::create_directory(dir_, ec);
+  if (ec || !fs::is_directory(dir_, ec))
+    throw Error("cannot create " + dir_.string() +
+                ", the staging directory of a split run: " + (ec ? ec.message() : "a file of that name is in the way"));
+  // Written by every part at once, maybe with equal process ids (containers): a plain file, not
+  // write_text_atomic's pid-named temporary.
+  std::ofstream(dir_ / kIncomplete) << "microscale parts are writing " << out_.string() << "\n";
+  if (!fs::exists(dir_ / kIncomplete, ec)) throw Error("cannot write in " + dir_.string());
+  // The first part records the plan (link() creates it only where it is absent, atomically);
+  // every other part must agree with it.
+  // Named ".tmp." like every temporary file, so that one a kill leaves is never published.
+  const fs::path mine = dir_ / (kPlan + std::string(".tmp.part") + std::to_string(part.index));
+  write_text_atomic(mine, plan.dump(1) + "\n");
+  const int linked = ::link(mine.c_str(), (dir_ / kPlan).c_str()), err = errno;
+  fs::remove(mine, ec);
+  if (linked != 0 && err != EEXIST) throw Error("cannot write " + (dir_ / kPlan).string() + ": " + std::strerror(err));
+  std::ifstream f(dir_ / kPlan);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  const Json have = detail::parse_json(ss.str(), (dir_ / kPlan).string(), "plan", 8);
+  if (have != plan) {
+    std::string what;
+    if (have.value("parts", 0) != plan.value("parts", 0))
+      what = "--part .../" + std::to_string(have.value("parts", 0)) + " (this one is .../" +
+             std::to_string(part.count) + ")";
+    else if (have.value("source", "") != plan.value("source", ""))
+      what = "another source checkpoint (its files differ from this one's)";
+    else
+      what = "other options";
+    throw Error(dir_.string() + " holds parts of a split run of " + out_.string() + " started with " + what +
+                ": run every part with the same source, options and part count, or delete " + dir_.string() +
+                " to start over");
+  }
+  fs::remove(done_marker(dir_, part.index), ec);  // a part run again is done only once it finishes again
+}
+
+std::unique_ptr<Staging> PartStaging::done() {
+  write_text_atomic(done_marker(dir_, part_.index), "done\n");
+  // Whoever marks itself done last sees every marker; several may, and claim() picks one.
+  std::error_code ec;
+  for (int i = 0; i < part_.count; ++i)
+    if (!fs::exists(done_marker(dir_, i), ec)) return nullptr;
+  std::unique_ptr<Staging> st = Staging::claim(in_dir_, out_, force_, dir_);
+  if (!st) return nullptr;
+  fs::remove(st->dir() / kPlan, ec);
+  for (int i = 0; i < part_.count; ++i) fs::remove(done_marker(st->dir(), i), ec);
+  return st;
 }
 
 }  // namespace microscale::io::ck

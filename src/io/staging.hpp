@@ -3,9 +3,11 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "io/model_dir.hpp"
+#include "microscale/checkpoint.hpp"
 
 namespace microscale::io::ck {
 
@@ -19,7 +21,11 @@ namespace microscale::io::ck {
 class Staging {
  public:
   // `in_dir` (may be empty) is refused as the output.
+  // Refuses an `out` that a split run's parts are still writing (PartStaging).
   Staging(const fs::path& in_dir, const fs::path& out, bool force);
+  // Takes over `parts`, the directory of a split run whose parts are all done, as this process's
+  // staging directory (by renaming it, so exactly one process gets it); null when another did.
+  static std::unique_ptr<Staging> claim(const fs::path& in_dir, const fs::path& out, bool force, const fs::path& parts);
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
   ~Staging();
@@ -37,8 +43,32 @@ class Staging {
   // Staging directories of runs that were killed (their process is gone).
   void remove_dead_runs() const;
 
+  Staging(const fs::path& in_dir, const fs::path& out, bool force, bool create);
+
   fs::path out_, tmp_;
   bool replace_ = false, committed_ = false;
+};
+
+// The staging directory the parts of a split run share (Part, checkpoint.hpp):
+// `.<name>.tmp.parts` next to the output, holding the parts' shards, the plan every part must
+// agree on and a marker per finished part. It is never removed on errors (other parts may be
+// running): it stays, refused as an input and as anyone else's output, until the failed parts are
+// run again or it is deleted.
+class PartStaging {
+ public:
+  // Creates or joins it; refuses parts started with another plan (source layout, options, count).
+  // `out` is checked as Staging checks it.
+  PartStaging(const fs::path& in_dir, const fs::path& out, bool force, Part part, const Json& plan);
+
+  const fs::path& dir() const { return dir_; }
+  // Marks this part done. Returns the staging directory to finish and commit when every part is
+  // done and this process took it over; null otherwise (another part publishes the output).
+  std::unique_ptr<Staging> done();
+
+ private:
+  fs::path in_dir_, out_, dir_;
+  bool force_;
+  Part part_;
 };
 
 // Like open_input, but refuses the leftovers of a killed run: a staging directory (by its name,

@@ -1,7 +1,12 @@
 // The streaming write pipeline (write_pipeline.hpp).
 #include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
 #include <tuple>
 
 #include "io/write_pipeline.hpp"
@@ -46,6 +51,7 @@ Item tensor_item(const Input& in, const std::string& tensor, std::string label) 
   it.shard = shard_no(in, tensor);
   it.order = t.begin;
   it.in_bytes = t.data.size();
+  it.inputs = {t.data};
   it.label = std::move(label);
   return it;
 }
@@ -54,7 +60,10 @@ Item layer_item(const Input& in, const Layer& l) {
   Item it;
   it.shard = shard_no(in, l.primary());
   it.order = in.ck.tensor(l.primary()).begin;
-  for (const Source& s : l.sources) it.in_bytes += in.ck.tensor(s.tensor).data.size();
+  for (const Source& s : l.sources) {
+    it.in_bytes += in.ck.tensor(s.tensor).data.size();
+    it.inputs.push_back(in.ck.tensor(s.tensor).data);
+  }
   it.label = l.module;
   return it;
 }
@@ -92,29 +101,68 @@ std::vector<StEntry> entries_of(const std::vector<Out>& outs) {
   return e;
 }
 
-void execute(const Input& in, const fs::path& out, std::vector<Item>& items, const char* shard_format,
-             const ProgressFn& progress, Report& report) {
+namespace {
+
+// One output shard: the input shard whose items it holds, items[first, last) once sorted.
+struct OutShard {
+  std::size_t input, first, last;
+};
+
+// Sorts `items` by their place in the input and groups them into output shards, one per input
+// shard (none for an input shard whose tensors all moved elsewhere, when there is an index).
+std::vector<OutShard> plan_shards(const Input& in, std::vector<Item>& items) {
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return std::tie(a.shard, a.order) < std::tie(b.shard, b.order);
   });
-  Progress pr;
-  pr.total = items.size();
-  for (const Item& it : items) pr.bytes_total += it.in_bytes;
-  std::vector<fs::path> shards;
+  std::vector<OutShard> shards;
   std::size_t next = 0;
   for (std::size_t s = 0; s < in.shard_rel.size(); ++s) {
     const std::size_t first = next;
     while (next < items.size() && items[next].shard == s) ++next;
     if (first == next && in.indexed) continue;  // every tensor of this shard moved elsewhere
+    shards.push_back({s, first, next});
+  }
+  return shards;
+}
+
+// Asks the kernel to start reading `bytes` (mapped input) now, so that the next item's input is
+// read from disk while this one is quantized and written: a bounded, one-item-ahead prefetch into
+// the page cache, which changes nothing but timing.
+void prefetch(std::span<const std::byte> bytes) {
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto b = reinterpret_cast<std::uintptr_t>(bytes.data()) & ~(page - 1);
+  const auto e = reinterpret_cast<std::uintptr_t>(bytes.data()) + bytes.size();
+  if (e > b) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_WILLNEED);
+}
+
+// Writes `shards` into `out` (same relative names as the input, metadata "format" set to
+// `shard_format` when given).
+void write_shards(const Input& in, const fs::path& out, std::vector<Item>& items, const std::vector<OutShard>& shards,
+                  const char* shard_format, const ProgressFn& progress, Report& report) {
+  Progress pr;
+  for (const OutShard& sh : shards) {
+    pr.total += sh.last - sh.first;
+    for (std::size_t i = sh.first; i < sh.last; ++i) pr.bytes_total += items[i].in_bytes;
+  }
+  // Item positions in writing order, to prefetch the one after the current.
+  std::vector<std::size_t> order;
+  for (const OutShard& sh : shards)
+    for (std::size_t i = sh.first; i < sh.last; ++i) order.push_back(i);
+  std::size_t at = 0;
+  if (!order.empty())
+    for (const auto& b : items[order[0]].inputs) prefetch(b);
+  for (const OutShard& sh : shards) {
     std::vector<StEntry> entries;
-    for (std::size_t i = first; i < next; ++i)
+    for (std::size_t i = sh.first; i < sh.last; ++i)
       entries.insert(entries.end(), items[i].entries.begin(), items[i].entries.end());
-    Metadata md = in.ck.shard(s).metadata();
+    Metadata md = in.ck.shard(sh.input).metadata();
     if (shard_format) md["format"] = shard_format;
-    const fs::path path = out / in.shard_rel[s];
+    const fs::path path = out / in.shard_rel[sh.input];
     fs::create_directories(path.parent_path());
     SafetensorsWriter w(path, std::move(entries), md);
-    for (std::size_t i = first; i < next; ++i) {
+    for (std::size_t i = sh.first; i < sh.last; ++i, ++at) {
+      if (at + 1 < order.size())
+        for (const auto& b : items[order[at + 1]].inputs) prefetch(b);
       items[i].run(w);
       trim_heap();
       ++pr.done;
@@ -123,14 +171,21 @@ void execute(const Input& in, const fs::path& out, std::vector<Item>& items, con
       if (progress) progress(pr);
     }
     w.finish();
-    shards.push_back(path);
     report.bytes_out += fs::file_size(path);
   }
   report.shards = shards.size();
   report.bytes_in = pr.bytes_total;
-  if (in.indexed) write_index(out / in.index_name, shards, in.ck.metadata());
 }
 
+void write_index_of(const Input& in, const fs::path& out, const std::vector<OutShard>& shards) {
+  if (!in.indexed) return;
+  std::vector<fs::path> paths;
+  for (const OutShard& sh : shards) paths.push_back(out / in.shard_rel[sh.input]);
+  write_index(out / in.index_name, paths, in.ck.metadata());
+}
+
+// The rest of the output in the staging directory: the input's other files, hf_quant_config.json,
+// then config.json last.
 void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta, Report& report,
                 std::optional<DType> dtype) {
   for (std::string& n : copy_other_files(in.dir, st.dir())) report.notes.push_back(std::move(n));
@@ -153,6 +208,95 @@ void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to
       if (k == std::string("torch_dtype") || config.contains(k)) config[k] = dtype_name(*dtype);
   if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
   write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
+}
+
+// FNV-1a: a fingerprint that every machine computes alike (std::hash need not).
+struct Fingerprint {
+  std::uint64_t h = 14695981039346656037ull;
+  void add(std::string_view bytes) {
+    for (const char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  void add(std::uint64_t v) { add(std::to_string(v) + ";"); }
+  std::string hex() const {
+    char buf[20];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    return buf;
+  }
+};
+
+// What the parts of a split run must agree on: their count, the options that shape the output's
+// bytes, the source (each shard's name, size, and first and last 64 KiB: its header and a sample
+// of its data, cheap enough to read at every start) and the planned output tensors.
+Json split_plan(const Input& in, const std::vector<Item>& items, const std::vector<OutShard>& shards, Part part,
+                const std::string& options) {
+  Fingerprint src, dst;
+  for (const fs::path& rel : in.shard_rel) {
+    const fs::path p = in.dir / rel;
+    const std::uint64_t size = fs::file_size(p);
+    src.add(rel.generic_string());
+    src.add(size);
+    std::ifstream f(p, std::ios::binary);
+    std::string buf(static_cast<std::size_t>(std::min<std::uint64_t>(size, 64 << 10)), '\0');
+    for (const std::uint64_t at : {std::uint64_t{0}, size - buf.size()}) {
+      f.seekg(static_cast<std::streamoff>(at));
+      f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      if (!f) throw Error(p.string() + ": read error");
+      src.add(buf);
+    }
+  }
+  for (const OutShard& sh : shards) {
+    dst.add(in.shard_rel[sh.input].generic_string());
+    for (std::size_t i = sh.first; i < sh.last; ++i)
+      for (const StEntry& e : items[i].entries) {
+        dst.add(e.name);
+        dst.add(static_cast<std::uint64_t>(e.dtype));
+        for (const std::int64_t d : e.shape) dst.add(static_cast<std::uint64_t>(d));
+      }
+  }
+  Json plan = Json::object();
+  plan["parts"] = part.count;
+  plan["source"] = src.hex();
+  plan["options"] = options;
+  plan["output"] = dst.hex();
+  return plan;
+}
+
+}  // namespace
+
+void write_output(const Input& in, const fs::path& out, bool force, std::vector<Item>& items, const char* shard_format,
+                  std::optional<Convention> to, const QuantMeta& meta, const ProgressFn& progress, Report& report,
+                  std::optional<DType> dtype, Part part, const std::string& options) {
+  const std::vector<OutShard> shards = plan_shards(in, items);
+  if (part.count <= 1) {
+    Staging st(in.dir, out, force);
+    write_shards(in, st.dir(), items, shards, shard_format, progress, report);
+    write_index_of(in, st.dir(), shards);
+    finish_dir(in, st, to, meta, report, dtype);
+    st.commit();
+    return;
+  }
+  PartStaging parts(in.dir, out, force, part, split_plan(in, items, shards, part, options));
+  std::vector<OutShard> mine;
+  for (std::size_t i = static_cast<std::size_t>(part.index); i < shards.size();
+       i += static_cast<std::size_t>(part.count))
+    mine.push_back(shards[i]);
+  write_shards(in, parts.dir(), items, mine, shard_format, progress, report);
+  const std::string which = "part " + std::to_string(part.index) + " of " + std::to_string(part.count);
+  if (mine.empty())
+    report.notes.push_back(which + " had no shard to write (the output has " + std::to_string(shards.size()) +
+                           "): use fewer parts than shards");
+  const std::unique_ptr<Staging> st = parts.done();
+  report.published = st != nullptr;
+  if (!st) {
+    report.notes.push_back(which + " written into " + parts.dir().string() +
+                           "; the part that finishes last writes the index and config and publishes the output");
+    return;
+  }
+  write_index_of(in, st->dir(), shards);
+  finish_dir(in, *st, to, meta, report, dtype);
+  st->commit();
+  report.notes.push_back(which + " finished last: every part is done, wrote the index and config and published " +
+                         "the output");
 }
 
 }  // namespace microscale::io::ck

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct Item {
   std::uint64_t order = 0;  // data offset of its primary tensor in that shard
   std::vector<StEntry> entries;
   std::uint64_t in_bytes = 0;
+  std::vector<std::span<const std::byte>> inputs;  // the mapped bytes it reads, to prefetch
   std::string label;
   std::function<void(SafetensorsWriter&)> run;
 };
@@ -39,15 +41,16 @@ Item passthrough(const Input& in, const std::string& name, Report& report,
 void write_emitted(SafetensorsWriter& w, const std::vector<Out>& outs, TensorReport& r);
 std::vector<StEntry> entries_of(const std::vector<Out>& outs);
 
-// Writes every shard (same relative names as the input, metadata "format" set to `shard_format`
-// when given) and the index when the input had one.
-void execute(const Input& in, const fs::path& out, std::vector<Item>& items, const char* shard_format,
-             const ProgressFn& progress, Report& report);
-
-// The rest of the output in the staging directory: the input's other files, hf_quant_config.json,
-// then config.json last. With `dtype`, the config's torch_dtype says what the weights now are.
-void finish_dir(const Input& in, const Staging& st, std::optional<Convention> to, const QuantMeta& meta, Report& report,
-                std::optional<DType> dtype = std::nullopt);
+// The whole output of an operation, built in a Staging directory next to `out` and moved into
+// place: every shard (same relative names as the input, metadata "format" set to `shard_format`
+// when given), the index when the input had one, the input's other files, hf_quant_config.json,
+// then config.json last (with `dtype`, its torch_dtype says what the weights now are).
+// With `part.count` > 1 only this part's shards are written, into the split run's PartStaging
+// directory, and the part that finds every part done writes the rest and publishes `out`;
+// `options` is the text of the options that shape the bytes, which every part must share.
+void write_output(const Input& in, const fs::path& out, bool force, std::vector<Item>& items, const char* shard_format,
+                  std::optional<Convention> to, const QuantMeta& meta, const ProgressFn& progress, Report& report,
+                  std::optional<DType> dtype = std::nullopt, Part part = {}, const std::string& options = {});
 
 // glibc raises its mmap threshold after large frees, so per-tensor buffers of a few MB end up on
 // the heap and stay resident after being freed; hand them back so the peak stays near one tensor.
