@@ -35,13 +35,7 @@ Layer checked_layer(const std::string& m, const Quantized& q, const std::optiona
   if (s.mode == Mode::affine && (q.biases.shape() != ss || q.biases.dtype() != sd))
     throw Error("layer " + detail::quote(m) + ": biases must match the scales");
   if (s.layout != Layout::compact) throw Error("layer " + detail::quote(m) + ": checkpoints store compact scales");
-  Layer l;
-  l.module = m;
-  l.mode = s.mode;
-  l.group = s.group_size;
-  l.bits = s.bits;
-  l.shape = q.shape;
-  if (s.global_scale) l.global = Global::of_amax(*s.global_scale);
+  Layer l = Layer::of(m, s, q.shape);
   if (input_amax) l.act = Global::of_amax(*input_amax);
   l.point_at(q);
   if (s.mode == Mode::affine) l.float_dtype = to_st_dtype(sd);
@@ -86,7 +80,7 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
       std::count_if(layers.begin(), layers.end(), [](const Layer& l) { return l.act.has_value(); }));
   if (with_act != 0 &&
       (!lay.activation_scales || with_act != layers.size() ||
-       std::any_of(layers.begin(), layers.end(), [](const Layer& l) { return l.mode != Mode::nvfp4; })))
+       std::any_of(layers.begin(), layers.end(), [](const Layer& l) { return l.format.mode != Mode::nvfp4; })))
     throw Error("save_checkpoint: " + std::to_string(with_act) + " of " + std::to_string(layers.size()) +
                 " layers have an input_amax; static activation scales (W4A4) are written only for nvfp4 layers in "
                 "the " +

@@ -23,7 +23,7 @@ DType source_dtype(const Input& in, const Detected& det, Report& report) {
           if (v == dtype_name(d)) return d;
       }
   for (const Layer& l : det.layers)
-    if (l.mode == Mode::affine)
+    if (l.format.mode == Mode::affine)
       if (const auto d = to_dtype(l.float_dtype); d && is_float(*d)) return *d;
   report.notes.push_back(
       "the source dtype is not recorded (no torch_dtype in config.json): wrote bfloat16; choose "
@@ -35,7 +35,7 @@ TensorReport layer_report(const Layer& l, TensorAction action, std::uint64_t byt
   TensorReport r;
   r.name = l.module;
   r.action = action;
-  r.format = name(l.mode);
+  r.format = name(l.format.mode);
   r.shape = l.shape;
   r.bytes_in = bytes_in;
   return r;

@@ -47,24 +47,28 @@ TensorStats stats_of(std::span<const std::byte> data, StDType t, std::size_t n) 
 
 // The row of tensor `t`, which is `role` of layer `l`.
 void describe_part(InspectRow& row, const StTensor& t, const Layer& l, Role role, bool stats) {
-  const std::string mode = name(l.mode);
+  const std::string mode = name(l.format.mode);
   switch (role) {
     case Role::packed:
       row.format = mode + " packed";
-      row.detail = "logical " + shape_str(l.shape, ShapeStyle::list) + ", group " + std::to_string(l.group) + ", " +
-                   std::to_string(l.bits) + " bits" + (l.mode == Mode::nvfp4 ? ", " + l.global.describe() : "");
+      row.detail = "logical " + shape_str(l.shape, ShapeStyle::list) + ", group " +
+                   std::to_string(l.format.group_size) + ", " + std::to_string(l.format.bits) + " bits" +
+                   (l.format.mode == Mode::nvfp4 ? ", " + l.global.describe() : "");
       if (stats) {
         const Tensor y = dequantize_layer(l, DType::float32);
         row.stats = stats_of({y.bytes(), y.nbytes()}, StDType::f32, static_cast<std::size_t>(y.numel()));
       }
       return;
     case Role::scales: {
-      const StDType code = l.mode == Mode::affine  ? l.float_dtype
-                           : l.mode == Mode::nvfp4 ? StDType::f8_e4m3
-                                                   : StDType::f8_e8m0;
-      row.format = mode + " scales" + (l.mode == Mode::affine ? "" : l.mode == Mode::nvfp4 ? " E4M3" : " E8M0");
+      const StDType code = l.format.mode == Mode::affine  ? l.float_dtype
+                           : l.format.mode == Mode::nvfp4 ? StDType::f8_e4m3
+                                                          : StDType::f8_e8m0;
+      row.format = mode + " scales" +
+                   (l.format.mode == Mode::affine  ? ""
+                    : l.format.mode == Mode::nvfp4 ? " E4M3"
+                                                   : " E8M0");
       if (stats) row.stats = stats_of(t.data, code, static_cast<std::size_t>(t.numel()));
-      if (stats && l.mode == Mode::nvfp4) {
+      if (stats && l.format.mode == Mode::nvfp4) {
         // Subnormal E4M3 scales (< 2^-6) keep fewer bits: typical of two-level (MLX) nvfp4.
         std::int64_t sub = 0;
         for (std::byte b : t.data)

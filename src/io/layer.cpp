@@ -58,21 +58,31 @@ void check_dims(const Layer& l) {
   const std::string& m = l.module;
   if (l.shape.size() != 2 || l.rows() < 0 || l.cols() < 0)
     layer_error(m, "logical shape " + shape_str(l.shape, ShapeStyle::list) + " is not a 2-D shape");
-  if (l.group < 1) layer_error(m, "group size " + std::to_string(l.group) + " (must be at least 1)");
-  if (l.cols() % l.group != 0)
-    layer_error(m,
-                "K = " + std::to_string(l.cols()) + " is not a multiple of the group size " + std::to_string(l.group));
+  if (l.format.group_size < 1)
+    layer_error(m, "group size " + std::to_string(l.format.group_size) + " (must be at least 1)");
+  if (l.cols() % l.format.group_size != 0)
+    layer_error(m, "K = " + std::to_string(l.cols()) + " is not a multiple of the group size " +
+                       std::to_string(l.format.group_size));
   (void)mul(m, mul(m, l.rows(), l.cols(), "elements of " + shape_str(l.shape, ShapeStyle::list)), 8,
             "bytes of " + shape_str(l.shape, ShapeStyle::list));
   (void)mul(m, l.cols(), 64, "bits in a row of K = " + std::to_string(l.cols()));
 }
 
+Layer Layer::of(std::string module, const QuantSpec& spec, Shape shape) {
+  Layer l;
+  l.module = std::move(module);
+  l.format = QuantSpec{};
+  l.format.mode = spec.mode;
+  l.format.group_size = spec.group_size;
+  l.format.bits = spec.bits;
+  l.shape = std::move(shape);
+  if (spec.global_scale) l.global = Global::of_amax(*spec.global_scale);
+  return l;
+}
+
 QuantSpec Layer::spec() const {
-  QuantSpec s;
-  s.mode = mode;
-  s.group_size = group;
-  s.bits = bits;
-  if (mode == Mode::nvfp4 && global.three_level()) s.global_scale = global.to_amax();
+  QuantSpec s = format;
+  if (format.mode == Mode::nvfp4 && global.three_level()) s.global_scale = global.to_amax();
   try {
     return resolve(s);
   } catch (const Error& e) {
@@ -90,12 +100,12 @@ Quantized to_quantized(const Layer& l) {
   Quantized q;
   q.spec = l.spec();
   q.shape = l.shape;
-  q.packed = Tensor(DType::uint8, {l.rows(), l.cols() * l.bits / 8});
+  q.packed = Tensor(DType::uint8, {l.rows(), l.cols() * l.format.bits / 8});
   std::memcpy(q.packed.bytes(), l.packed.data(), l.packed.size());
-  const Shape ss = {l.rows(), l.cols() / l.group};
-  q.scales = Tensor(l.mode == Mode::affine ? *to_dtype(l.float_dtype) : DType::uint8, ss);
+  const Shape ss = {l.rows(), l.cols() / l.format.group_size};
+  q.scales = Tensor(l.format.mode == Mode::affine ? *to_dtype(l.float_dtype) : DType::uint8, ss);
   std::memcpy(q.scales.bytes(), l.scales.data(), l.scales.size());
-  if (l.mode == Mode::affine) {
+  if (l.format.mode == Mode::affine) {
     q.biases = Tensor(*to_dtype(l.float_dtype), ss);
     std::memcpy(q.biases.bytes(), l.biases.data(), l.biases.size());
   }
@@ -112,14 +122,14 @@ TensorView view_of(std::span<const std::byte> data, StDType st, const Shape& sha
 
 Tensor dequantize_layer(const Layer& l, DType dt) {
   Tensor sp, bp;
-  const TensorView packed(l.packed.data(), DType::uint8, {l.rows(), l.cols() * l.bits / 8});
-  const Shape sshape = {l.rows(), l.cols() / l.group};
-  const TensorView scales = l.mode == Mode::affine ? view_of(l.scales, l.float_dtype, sshape, sp)
-                                                   : TensorView(l.scales.data(), DType::uint8, sshape);
+  const TensorView packed(l.packed.data(), DType::uint8, {l.rows(), l.cols() * l.format.bits / 8});
+  const Shape sshape = {l.rows(), l.cols() / l.format.group_size};
+  const TensorView scales = l.format.mode == Mode::affine ? view_of(l.scales, l.float_dtype, sshape, sp)
+                                                          : TensorView(l.scales.data(), DType::uint8, sshape);
   TensorView biases;
-  if (l.mode == Mode::affine) biases = view_of(l.biases, l.float_dtype, sshape, bp);
+  if (l.format.mode == Mode::affine) biases = view_of(l.biases, l.float_dtype, sshape, bp);
   try {
-    return dequantize(packed, scales, l.mode == Mode::affine ? &biases : nullptr, l.spec(), dt);
+    return dequantize(packed, scales, l.format.mode == Mode::affine ? &biases : nullptr, l.spec(), dt);
   } catch (const Error& e) {
     throw Error("layer " + detail::quote(l.module) + ": " + e.what());
   }

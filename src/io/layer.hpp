@@ -61,8 +61,13 @@ struct Source {
 // One quantized 2-D weight. The spans point into mapped input files or caller buffers.
 struct Layer {
   std::string module;
-  Mode mode = Mode::nvfp4;
-  int group = 16, bits = 4;
+  // Mode, group_size and bits only (nvfp4's until a reader sets them); the global scale is `global`.
+  QuantSpec format = [] {
+    QuantSpec s;
+    s.group_size = 16;
+    s.bits = 4;
+    return s;
+  }();
   Shape shape;                // logical [N, K]
   Global global;              // nvfp4 only
   std::optional<Global> act;  // static activation scale (W4A4 checkpoints)
@@ -70,7 +75,10 @@ struct Layer {
   StDType float_dtype = StDType::bf16;  // dtype of affine scales and biases
   std::vector<Source> sources;          // tensors it was read from, the packed one first
 
-  QuantSpec spec() const;  // resolved; global_scale = amax for three-level nvfp4
+  // A layer of `spec`'s mode, group size and bits (resolved), its global scale as an amax, no data.
+  static Layer of(std::string module, const QuantSpec& spec, Shape shape);
+
+  QuantSpec spec() const;  // resolved format; global_scale = amax for three-level nvfp4
   std::int64_t rows() const { return shape[0]; }
   std::int64_t cols() const { return shape[1]; }
   const std::string& primary() const { return sources.front().tensor; }

@@ -154,7 +154,7 @@ std::vector<FusedScales> fused_global_scales(const std::vector<Layer>& layers) {
   std::vector<std::string> mods;
   std::map<std::string, float> amax;
   for (const Layer& l : layers)
-    if (l.mode == Mode::nvfp4 && l.global.three_level()) {
+    if (l.format.mode == Mode::nvfp4 && l.global.three_level()) {
       mods.push_back(l.module);
       amax[l.module] = l.global.to_amax();
     }
@@ -183,7 +183,7 @@ Json apply_config(Json& config, std::optional<Convention> c, const QuantMeta& me
   // One (mode, group, bits) for the whole model, the most common; some layouts take per-layer
   // overrides, the others need a single scheme.
   std::map<std::tuple<int, int, int>, std::size_t> count;
-  for (const Layer* l : meta.layers) ++count[{static_cast<int>(l->mode), l->group, l->bits}];
+  for (const Layer* l : meta.layers) ++count[{static_cast<int>(l->format.mode), l->format.group_size, l->format.bits}];
   if (count.empty()) throw Error("no quantized layers to describe in config.json");
   auto best = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) { return a.second < b.second; });
   const auto [mode_i, group, bits] = best->first;

@@ -40,8 +40,8 @@ Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
   const StTensor& s = need(ck, m, m + ".weight_scale", "block scales");
   l.sources = {{p.name, Role::packed}, {s.name, Role::scales}};
   if (s.dtype == StDType::f8_e4m3) {
-    l.mode = Mode::nvfp4;
-    l.group = numerics::kNvfp4Group;
+    l.format.mode = Mode::nvfp4;
+    l.format.group_size = numerics::kNvfp4Group;
     const StTensor& g = need(ck, m, m + ".weight_global_scale", "global scale");
     l.global = Global::stored_as(kEncodeFactor, scalar_f32(g, "global scale"));
     l.sources.push_back({g.name, Role::global_scale});
@@ -50,14 +50,14 @@ Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
       l.sources.push_back({a->name, Role::activation_scale});
     }
   } else if (s.dtype == StDType::u8 || s.dtype == StDType::f8_e8m0) {
-    l.mode = Mode::mxfp4;
-    l.group = numerics::kMxGroup;
+    l.format.mode = Mode::mxfp4;
+    l.format.group_size = numerics::kMxGroup;
   } else {
     layer_error(
         m, std::string("weight_scale dtype ") + st_dtype_name(s.dtype) + " is neither F8_E4M3 (nvfp4) nor U8 (mxfp4)");
   }
   check_dims(l);
-  check_shape(s, s.dtype, {l.rows(), l.cols() / l.group});
+  check_shape(s, s.dtype, {l.rows(), l.cols() / l.format.group_size});
   l.packed = p.data;
   l.scales = s.data;
   check_global(l);
@@ -68,17 +68,17 @@ Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
 void emit_ct(const Layer& l, std::vector<Out>& out) {
   const std::string& m = l.module;
   const std::int64_t n = l.rows(), k = l.cols();
-  if (l.mode == Mode::nvfp4) {
+  if (l.format.mode == Mode::nvfp4) {
     out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));
     out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / numerics::kNvfp4Group}, l.scales));
     out.push_back(scalar(m + ".weight_global_scale", {1}, l.global.as(kEncodeFactor)));
     if (l.act) out.push_back(scalar(m + ".input_global_scale", {1}, l.act->as(kEncodeFactor)));
-  } else if (l.mode == Mode::mxfp4) {
+  } else if (l.format.mode == Mode::mxfp4) {
     out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));
     out.push_back(entry(m + ".weight_scale", StDType::u8, {n, k / 32}, l.scales));
   } else {
-    layer_error(m, std::string("compressed-tensors has no layout for ") + name(l.mode) + " " + std::to_string(l.bits) +
-                       "-bit (it takes nvfp4 and mxfp4)");
+    layer_error(m, std::string("compressed-tensors has no layout for ") + name(l.format.mode) + " " +
+                       std::to_string(l.format.bits) + "-bit (it takes nvfp4 and mxfp4)");
   }
 }
 

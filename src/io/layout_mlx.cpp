@@ -78,16 +78,16 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
   if (s.dtype == StDType::u8) {
     // fp modes; without a config the ratio of packed words to scales tells them apart.
     if (cfg.mode && *cfg.mode != "affine") {
-      l.mode = mode_from_name(*cfg.mode);
+      l.format.mode = mode_from_name(*cfg.mode);
     } else if (const std::optional<Mode> mode = mode_from_ratio(ws[1], ss[1])) {
-      l.mode = *mode;
+      l.format.mode = *mode;
     } else {
       layer_error(m, "cannot tell the fp mode of uint8 scales " + shape_str(ss, ShapeStyle::list) + " for weight " +
                          shape_str(ws, ShapeStyle::list));
     }
-    l.bits = numerics::default_bits(l.mode);
-    l.group = numerics::default_group_size(l.mode);
-    l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
+    l.format.bits = numerics::default_bits(l.format.mode);
+    l.format.group_size = numerics::default_group_size(l.format.mode);
+    l.shape = {ws[0], unpacked_cols(m, w, 32, l.format.bits)};
   } else if (s.dtype == StDType::f32 || s.dtype == StDType::f16 || s.dtype == StDType::bf16) {
     if (cfg.mode && *cfg.mode != "affine")
       layer_error(m, "config says mode " + *cfg.mode + " but scales are " + st_dtype_name(s.dtype));
@@ -95,10 +95,10 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     // Range-checked here because K divides by it; resolve() (via spec()) then takes only 2-6 and 8.
     if (*cfg.bits < 1 || *cfg.bits > 8)
       layer_error(m, "config.json gives bits " + std::to_string(*cfg.bits) + " (expected 2, 3, 4, 5, 6 or 8)");
-    l.mode = Mode::affine;
-    l.bits = static_cast<int>(*cfg.bits);
+    l.format.mode = Mode::affine;
+    l.format.bits = static_cast<int>(*cfg.bits);
     l.float_dtype = s.dtype;
-    l.shape = {ws[0], unpacked_cols(m, w, 32, l.bits)};
+    l.shape = {ws[0], unpacked_cols(m, w, 32, l.format.bits)};
     const std::int64_t k = l.cols();
     if (k % ss[1] != 0)
       layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " do not divide K = " + std::to_string(k));
@@ -106,7 +106,7 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     if (group < 1 || group > 1024)
       layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " over K = " + std::to_string(k) +
                          " give group size " + std::to_string(group) + " (MLX affine uses 32, 64 or 128)");
-    l.group = static_cast<int>(group);
+    l.format.group_size = static_cast<int>(group);
     const StTensor& b = need(ck, m, m + ".biases", "affine biases");
     check_shape(b, s.dtype, ss);
     l.biases = b.data;
@@ -114,10 +114,10 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
   } else {
     layer_error(m, std::string("MLX scales of dtype ") + st_dtype_name(s.dtype));
   }
-  if (cfg.group && l.mode != Mode::affine && *cfg.group != l.group && cfg.mode)
-    layer_error(m, "config group_size " + std::to_string(*cfg.group) + " does not match " + name(l.mode));
+  if (cfg.group && l.format.mode != Mode::affine && *cfg.group != l.format.group_size && cfg.mode)
+    layer_error(m, "config group_size " + std::to_string(*cfg.group) + " does not match " + name(l.format.mode));
   check_dims(l);
-  check_shape(s, s.dtype, {l.rows(), l.cols() / l.group});
+  check_shape(s, s.dtype, {l.rows(), l.cols() / l.format.group_size});
   l.packed = w.data;
   l.scales = s.data;
   (void)l.spec();  // validates mode/group/bits
@@ -132,24 +132,24 @@ void check_spec(const QuantSpec& spec) {
 void emit_mlx(const Layer& l, std::vector<Out>& out) {
   const std::string& m = l.module;
   const std::int64_t n = l.rows(), k = l.cols();
-  if (l.mode == Mode::nvfp4 && l.global.three_level() && l.global.to_amax() != k2688)
+  if (l.format.mode == Mode::nvfp4 && l.global.three_level() && l.global.to_amax() != k2688)
     layer_error(m, "MLX (mlx-lm) nvfp4 is two-level and stores no global scale, but this layer has " +
                        l.global.describe() +
                        "; its bytes cannot be kept. Re-quantize instead: microscale dequantize, then "
                        "microscale quantize --export mlx");
-  if (k * l.bits % 32 != 0) layer_error(m, "K * bits is not a multiple of 32 (MLX packs uint32 words)");
-  out.push_back(entry(m + ".weight", StDType::u32, {n, k * l.bits / 32}, l.packed));
-  const StDType sd = l.mode == Mode::affine ? l.float_dtype : StDType::u8;
-  out.push_back(entry(m + ".scales", sd, {n, k / l.group}, l.scales));
-  if (l.mode == Mode::affine) out.push_back(entry(m + ".biases", sd, {n, k / l.group}, l.biases));
+  if (k * l.format.bits % 32 != 0) layer_error(m, "K * bits is not a multiple of 32 (MLX packs uint32 words)");
+  out.push_back(entry(m + ".weight", StDType::u32, {n, k * l.format.bits / 32}, l.packed));
+  const StDType sd = l.format.mode == Mode::affine ? l.float_dtype : StDType::u8;
+  out.push_back(entry(m + ".scales", sd, {n, k / l.format.group_size}, l.scales));
+  if (l.format.mode == Mode::affine) out.push_back(entry(m + ".biases", sd, {n, k / l.format.group_size}, l.biases));
 }
 
 Json write_config(Json& config, const Scheme& common, const Json&, const QuantMeta& meta) {
   const auto [mode, group, bits] = common;
   Json q = {{"group_size", group}, {"bits", bits}, {"mode", name(mode)}};
   for (const Layer* l : meta.layers)
-    if (l->mode != mode || l->group != group || l->bits != bits)
-      q[l->module] = {{"group_size", l->group}, {"bits", l->bits}, {"mode", name(l->mode)}};
+    if (l->format.mode != mode || l->format.group_size != group || l->format.bits != bits)
+      q[l->module] = {{"group_size", l->format.group_size}, {"bits", l->format.bits}, {"mode", name(l->format.mode)}};
   config["quantization"] = q;
   config["quantization_config"] = q;
   return nullptr;

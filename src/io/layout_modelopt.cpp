@@ -33,8 +33,8 @@ Layer read_modelopt(const Checkpoint& ck, const Json&, const std::string& m) {
                        st_dtype_name(s.dtype) + " is not NVFP4 (expected U8 and F8_E4M3)");
   const Shape pk = rows_cols(p);
   l.shape = {pk[0], unpacked_cols(m, p, 8, 4)};
-  l.mode = Mode::nvfp4;
-  l.group = numerics::kNvfp4Group;
+  l.format.mode = Mode::nvfp4;
+  l.format.group_size = numerics::kNvfp4Group;
   check_dims(l);
   check_shape(s, StDType::f8_e4m3, {l.rows(), l.cols() / numerics::kNvfp4Group});
   l.global = Global::stored_as(kDecodeFactor, scalar_f32(g, "weight_scale_2"));
@@ -52,7 +52,8 @@ Layer read_modelopt(const Checkpoint& ck, const Json&, const std::string& m) {
 
 void emit_modelopt(const Layer& l, std::vector<Out>& out) {
   const std::string& m = l.module;
-  if (l.mode != Mode::nvfp4) layer_error(m, std::string("ModelOpt export holds nvfp4 only, not ") + name(l.mode));
+  if (l.format.mode != Mode::nvfp4)
+    layer_error(m, std::string("ModelOpt export holds nvfp4 only, not ") + name(l.format.mode));
   const std::int64_t n = l.rows(), k = l.cols();
   out.push_back(entry(m + ".weight", StDType::u8, {n, k / 2}, l.packed));
   out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / numerics::kNvfp4Group}, l.scales));

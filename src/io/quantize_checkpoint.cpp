@@ -182,12 +182,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       continue;
     }
     if (conv1d_weight(in.config, m)) conv1d.push_back(n);
-    Layer l;
-    l.module = m;
-    l.mode = base.mode;
-    l.group = base.group_size;
-    l.bits = base.bits;
-    l.shape = t.shape;
+    Layer l = Layer::of(m, base, t.shape);
     l.float_dtype = dtype;
     if (three) l.global = Global::of_amax(1.0f);
     chosen.push_back({n, m, std::move(l)});
