@@ -35,11 +35,11 @@ HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-#if HWY_TARGET == HWY_SCALAR
-
-// Single-lane vectors gain nothing: widen a few blocks at a time and run the reference.
-inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
-                           std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+// Widens a few blocks at a time and runs the reference: the whole kernel on single-lane targets,
+// where vectors gain nothing, and the searched scale modes on every target (their per-block
+// candidate loop is the scalar spec's).
+inline void ReferenceBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
+                            std::uint8_t* packed, std::byte* scales, std::byte* biases) {
   constexpr std::int64_t kChunk = 64;
   const std::int64_t G = spec.group_size;
   const std::int64_t block_bytes = G * spec.bits / 8;
@@ -58,6 +58,13 @@ inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std:
     reference::quantize(buf, nb, G, src, spec, packed + b * block_bytes, scales + static_cast<std::size_t>(b) * ssize,
                         biases ? biases + static_cast<std::size_t>(b) * ssize : nullptr);
   }
+}
+
+#if HWY_TARGET == HWY_SCALAR
+
+inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
+                           std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+  ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
 }
 
 #else
@@ -393,6 +400,7 @@ void Blocks(const T* x, DType src, const QuantSpec& spec, std::int64_t b0, std::
 
 inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
                            std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+  if (spec.scale_search != ScaleSearch::none) return ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
   switch (src) {
     case DType::float16:
       return Blocks(static_cast<const hwy::float16_t*>(x), src, spec, b0, b1, packed, scales, biases);
