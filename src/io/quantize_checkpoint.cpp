@@ -9,6 +9,7 @@
 #include "io/tensor_values.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
+#include "ops/quantize.hpp"
 
 namespace microscale::io {
 
@@ -224,6 +225,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   QuantMeta meta;
   meta.w4a4 = w4a4;
   meta.ignore = ignore;
+  meta.scale_search = base.scale_search;
   for (const Sel& s : chosen) {
     (void)emit(s.skel, opt.to);  // throws if the layout cannot hold this mode
     meta.layers.push_back(&s.skel);
@@ -279,13 +281,16 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       Tensor storage;
       const TensorView x = view_of(src.data, src.dtype, src.shape, storage);
       QuantSpec spec = base;
+      bool fused = false;
       if (three) {
         auto sh = shared.find(sp->module);
-        spec.global_scale = sh != shared.end() ? sh->second : global_scale(x);
+        fused = sh != shared.end();
+        spec.global_scale = fused ? sh->second : global_scale(x);
       }
       Quantized q;
       try {
-        q = quantize(x, spec);
+        // A fused group keeps its one global scale: mse searches only the block scales there.
+        q = ops::quantize(x, spec, !fused);
       } catch (const Error& e) {
         throw Error("tensor " + detail::quote(sp->name) + ": " + e.what());
       }
