@@ -162,7 +162,7 @@ def _global_scale_arg(g):
 
 
 def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propagate",
-          layout="compact", elem="e4m3", global_scale=None):
+          layout="compact", elem="e4m3", global_scale=None, scale_search="none"):
     """The _core.QuantSpec of these arguments: types checked here, names parsed (and refused,
     ValueError) by the C++ enums' from_name."""
     mode = _str(mode, "mode")
@@ -177,7 +177,8 @@ def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propag
         mode=_core.Mode.from_name(mode), group_size=group_size, bits=bits,
         scale_rule=_core.ScaleRule.from_name(scale_rule),
         nonfinite=_core.NonFinite.from_name(nonfinite), layout=_core.Layout.from_name(layout),
-        elem=_core.Elem.from_name(elem), global_scale=global_scale)
+        elem=_core.Elem.from_name(elem), global_scale=global_scale,
+        scale_search=_core.ScaleSearch.from_name(_str(scale_search, "scale_search")))
 
 
 def _dtype_name(dtype):
@@ -202,7 +203,7 @@ def _dtype_name(dtype):
 # public API
 
 def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, layout="compact",
-             scale_rule="ceil", nonfinite="propagate", elem="e4m3"):
+             scale_rule="ceil", nonfinite="propagate", elem="e4m3", scale_search="none"):
     """Quantize ``w`` along its last axis.
 
     Args:
@@ -225,14 +226,22 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
         ``"error"`` (ValueError naming the first non-finite element) or ``"saturate"``
         (TensorEngine's hardware behaviour; affine treats it as propagate).
       elem: mxfp8 element format, ``"e4m3"`` (default) or ``"e5m2"``.
+      scale_search: how fp4 block scales are chosen: ``"none"`` (default, round to nearest from
+        the block max), ``"4over6"`` (nvfp4) or ``"mse"`` (nvfp4, mxfp4); the bytes decode with the
+        standard decoder (docs/numerics.md, "Scale search").
 
     Returns:
       ``(w_q, scales)`` for the fp modes and ``(w_q, scales, biases)`` for affine: ``w_q`` uint8
       ``[..., K*bits/8]``; fp-mode scales uint8 codes; affine scales and biases in w's dtype.
+      With ``scale_search`` other than ``"none"`` and a ``global_scale``, the search may record a
+      different global scale, so the result is ``(w_q, scales, global_scale)``: pass that float
+      to :func:`dequantize`.
     """
     arr = _float_input(w, "w")
     q = _core.quantize(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem,
-                                  global_scale))
+                                  global_scale, scale_search))
+    if q.spec.scale_search != _core.ScaleSearch.none and q.spec.global_scale is not None:
+        return q.packed, q.scales, q.spec.global_scale
     if q.biases is None:
         return q.packed, q.scales
     return q.packed, q.scales, q.biases
