@@ -225,6 +225,71 @@ HWY_INLINE void Nvfp4Tile(const T* x, const Nvfp4& p, std::uint8_t* packed, std:
   EncodeTile<E2M1, 16, kSat>(x, enc, bm, scales, 0x7F, !hn::AllFalse(di, bad), packed);
 }
 
+// nvfp4 scale search (4over6, mse) on finite tiles, 'propagate'/'error' only: lane b holds block
+// b, and each candidate's error is summed over the block's elements in index order with the
+// scalar spec's float operations (numerics::nvfp4_searched_block_scale), so the choice is the
+// reference's. Tiles holding NaN/Inf take the scalar path.
+template <class T>
+HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, const QuantSpec& spec, DType src,
+                                std::uint8_t* packed, std::uint8_t* scales) {
+  constexpr std::size_t G = numerics::kNvfp4Group;
+  const DF df;
+  const DI di;
+  const VI bm = BlockMaxBits<G, false>(x);
+  if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) {
+    ReferenceBlocks(x, src, spec, 0, static_cast<std::int64_t>(kN), packed, reinterpret_cast<std::byte*>(scales),
+                    nullptr);
+    return;
+  }
+  // The tile in float32, transposed: column i holds element i of every block.
+  alignas(64) float rows[kN * G];
+  alignas(64) float cols[G * kN];
+  for (std::size_t v = 0; v < kN * G; v += kN) hn::Store(Load(x + v), df, rows + v);
+  for (std::size_t b = 0; b < kN; ++b)
+    for (std::size_t i = 0; i < G; ++i) cols[i * kN + b] = rows[b * G + i];
+
+  const numerics::Nvfp4Tensor& t = p.t;
+  const VF flt_max = hn::Set(df, kFltMax);
+  const VF base = hn::Min(hn::Mul(hn::BitCast(df, bm), hn::Set(df, t.s_enc * f32_from_bits(kC6Bits))), flt_max);
+  const VI s0 = RoundMagnitude<E4M3>(hn::BitCast(di, base));
+  auto error_of = [&](VI code, VF& enc) HWY_ATTR {
+    const VF sf = DecodeE4M3<false>(code);
+    enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), flt_max);
+    const VF dec =
+        t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
+    VF err = hn::Zero(df);
+    for (std::size_t i = 0; i < G; ++i) {
+      const VF v = hn::Load(df, cols + i * kN);
+      const VF d = hn::Sub(hn::Mul(DecodeE2M1(EncodeElements<E2M1, false, true>(hn::Mul(v, enc))), dec), v);
+      err = hn::Add(err, hn::Mul(d, d));
+    }
+    return err;
+  };
+  VI best = s0;
+  VF best_enc;
+  VF best_err = error_of(s0, best_enc);
+  auto consider = [&](VI code, auto valid) HWY_ATTR {
+    VF enc;
+    const VF err = error_of(code, enc);
+    const auto better = hn::And(valid, hn::Lt(err, best_err));
+    best = hn::IfThenElse(hn::RebindMask(di, better), code, best);
+    best_enc = hn::IfThenElse(better, enc, best_enc);
+    best_err = hn::IfThenElse(better, err, best_err);
+  };
+  if (spec.scale_search == ScaleSearch::four_over_six) {
+    consider(RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f)))),
+             hn::RebindMask(df, hn::Eq(s0, s0)));
+  } else {
+    for (int d = 1; d <= numerics::kNvfp4MseSteps; ++d) {
+      const VI step = hn::Set(di, d);
+      consider(hn::Sub(s0, step), hn::RebindMask(df, hn::Gt(s0, hn::Sub(step, hn::Set(di, 1)))));
+      consider(hn::Add(s0, step), hn::RebindMask(df, hn::Gt(hn::Set(di, E4M3::MAX_CODE + 1), hn::Add(s0, step))));
+    }
+  }
+  StoreBytes(best, scales);
+  EncodeTile<E2M1, G, false>(x, best_enc, bm, scales, 0x7F, false, packed);
+}
+
 // ---- mxfp4 / mxfp8 (FORMATS.md 2.2) ----
 
 // MLX's rule needs log2f: scalar per block, the reference's operations.
@@ -303,6 +368,14 @@ void FpBlocks(const T* x, const QuantSpec& spec, DType src, std::int64_t b0, std
   const ScaleRule rule = spec.scale_rule;
   switch (spec.mode) {
     case Mode::nvfp4: {
+      if (spec.scale_search != ScaleSearch::none) {  // QuantizeBlocks sends 'saturate' to the scalar path
+        const numerics::Nvfp4Search ps = numerics::nvfp4_search_tensor(
+            spec.global_scale.has_value(), spec.global_scale.value_or(0.0f), spec.scale_search);
+        TiledBlocks<16, 4>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR {
+          Nvfp4SearchTile(xt, ps, spec, src, pt, st);
+        });
+        break;
+      }
       const Nvfp4 p = Nvfp4Factors(spec);
       TiledBlocks<16, 4>(x, b0, b1, packed, scales,
                          [&](const T* xt, std::uint8_t* pt, std::uint8_t* st)
@@ -400,7 +473,9 @@ void Blocks(const T* x, DType src, const QuantSpec& spec, std::int64_t b0, std::
 
 inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
                            std::uint8_t* packed, std::byte* scales, std::byte* biases) {
-  if (spec.scale_search != ScaleSearch::none) return ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
+  // Searched scales: vectors for nvfp4 with finite-block policies, the scalar spec otherwise.
+  if (spec.scale_search != ScaleSearch::none && (spec.mode != Mode::nvfp4 || spec.nonfinite == NonFinite::saturate))
+    return ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
   switch (src) {
     case DType::float16:
       return Blocks(static_cast<const hwy::float16_t*>(x), src, spec, b0, b1, packed, scales, biases);
