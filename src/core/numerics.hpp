@@ -337,7 +337,8 @@ MS_HD BlockScale mx_block_scale(float bamax, const MxElem& ef, ScaleRule rule, D
 // a candidate replaces the current best only when its error is strictly lower, so ties (and NaN
 // errors, from blocks holding Inf under 'saturate') keep the default choice.
 
-// mse tries the E4M3 codes this many steps below and above the round-to-nearest code.
+// mse tries the E4M3 codes this many steps below and above the round-to-nearest code, then
+// 4over6's max-to-4 code.
 constexpr int kNvfp4MseSteps = 3;
 
 // Squared error of an fp4 block of n values encoded with factor enc and decoded with factor dec.
@@ -394,17 +395,17 @@ MS_HD BlockScale nvfp4_searched_block_scale(const float* x, float bamax, const N
       best_err = err;
     }
   };
-  if (search == ScaleSearch::four_over_six) {
-    // rtn is the max-to-6 candidate; the max-to-4 one rounds 1.5 times the same base.
-    const float base =
-        t.three_level ? fminf(bamax * (t.s_enc * float_of(kC6Bits)), float_of(kFltMaxBits)) : bamax * float_of(kC6Bits);
-    consider(encode_e4m3(base * 1.5f));
-    return best;
+  if (search == ScaleSearch::mse) {
+    for (int d = 1; d <= kNvfp4MseSteps; ++d) {
+      if (rtn.code >= d) consider(static_cast<std::uint8_t>(rtn.code - d));
+      if (rtn.code + d <= E4M3::MAX_CODE) consider(static_cast<std::uint8_t>(rtn.code + d));
+    }
   }
-  for (int d = 1; d <= kNvfp4MseSteps; ++d) {
-    if (rtn.code >= d) consider(static_cast<std::uint8_t>(rtn.code - d));
-    if (rtn.code + d <= E4M3::MAX_CODE) consider(static_cast<std::uint8_t>(rtn.code + d));
-  }
+  // rtn is 4over6's max-to-6 candidate; the max-to-4 one rounds 1.5 times the same base (mse
+  // tries it last: 4 or 5 E4M3 steps up, beyond the steps above).
+  const float base =
+      t.three_level ? fminf(bamax * (t.s_enc * float_of(kC6Bits)), float_of(kFltMaxBits)) : bamax * float_of(kC6Bits);
+  consider(encode_e4m3(base * 1.5f));
   return best;
 }
 

@@ -289,16 +289,15 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
     best_enc = hn::IfThenElse(better, enc, best_enc);
     best_err = hn::IfThenElse(better, err, best_err);
   };
-  if (spec.scale_search == ScaleSearch::four_over_six) {
-    consider(RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f)))),
-             hn::RebindMask(df, hn::Eq(s0, s0)));
-  } else {
+  if (spec.scale_search == ScaleSearch::mse) {
     for (int d = 1; d <= numerics::kNvfp4MseSteps; ++d) {
       const VI step = hn::Set(di, d);
       consider(hn::Sub(s0, step), hn::RebindMask(df, hn::Gt(s0, hn::Sub(step, hn::Set(di, 1)))));
       consider(hn::Add(s0, step), hn::RebindMask(df, hn::Gt(hn::Set(di, E4M3::MAX_CODE + 1), hn::Add(s0, step))));
     }
   }
+  // 4over6's max-to-4 code (mse tries it last).
+  consider(RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f)))), hn::RebindMask(df, hn::Eq(s0, s0)));
   StoreBytes(best, scales);
   EncodeTile<E2M1, G, false>(x, best_enc, bm, scales, 0x7F, false, packed);
 }
