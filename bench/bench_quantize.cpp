@@ -55,6 +55,7 @@ struct Op {
   Kind kind;
   ms::DType dtype;  // the float side: quantize/amax input, dequantize output
   ms::Mode mode = ms::Mode::nvfp4;
+  ms::ScaleSearch search = ms::ScaleSearch::none;  // per-block search only: the kernel, not the global one
 };
 
 const char* kind_name(Kind k) {
@@ -70,6 +71,7 @@ const char* kind_name(Kind k) {
 ms::QuantSpec spec_of(const Op& op) {
   ms::QuantSpec s;
   s.mode = op.mode;
+  s.scale_search = op.search;
   if (op.mode == ms::Mode::nvfp4) s.global_scale = data().amax;
   return ms::resolve(s);
 }
@@ -207,6 +209,9 @@ int main(int argc, char** argv) {
       {"bf16->nvfp4", Kind::quantize, DType::bfloat16, Mode::nvfp4},
       {"f32->mxfp4", Kind::quantize, DType::float32, Mode::mxfp4},
       {"bf16->mxfp4", Kind::quantize, DType::bfloat16, Mode::mxfp4},
+      {"f32->nvfp4-4over6", Kind::quantize, DType::float32, Mode::nvfp4, ms::ScaleSearch::four_over_six},
+      {"f32->nvfp4-mse", Kind::quantize, DType::float32, Mode::nvfp4, ms::ScaleSearch::mse},
+      {"f32->mxfp4-mse", Kind::quantize, DType::float32, Mode::mxfp4, ms::ScaleSearch::mse},
       {"f32->mxfp8", Kind::quantize, DType::float32, Mode::mxfp8},
       {"bf16->mxfp8", Kind::quantize, DType::bfloat16, Mode::mxfp8},
       {"nvfp4->bf16", Kind::dequantize, DType::bfloat16, Mode::nvfp4},

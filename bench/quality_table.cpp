@@ -64,17 +64,24 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2)
     if (std::strcmp(argv[i], "--rows-of-x") == 0) M = std::stoll(argv[i + 1]);
 
-  auto spec = [](ms::Mode mode, int group = 0, int bits = 0) {
+  auto spec = [](ms::Mode mode, int group = 0, int bits = 0, ms::ScaleSearch search = ms::ScaleSearch::none) {
     ms::QuantSpec s;
     s.mode = mode;
     s.group_size = group;
     s.bits = bits;
+    s.scale_search = search;
     return s;
   };
+  using SS = ms::ScaleSearch;
   const std::vector<Row> rows = {
       {"nvfp4 two-level", spec(ms::Mode::nvfp4)},
       {"nvfp4 three-level", spec(ms::Mode::nvfp4), true},
+      {"nvfp4 two-level, scale search 4over6", spec(ms::Mode::nvfp4, 0, 0, SS::four_over_six)},
+      {"nvfp4 two-level, scale search mse", spec(ms::Mode::nvfp4, 0, 0, SS::mse)},
+      {"nvfp4 three-level, scale search 4over6", spec(ms::Mode::nvfp4, 0, 0, SS::four_over_six), true},
+      {"nvfp4 three-level, scale search mse", spec(ms::Mode::nvfp4, 0, 0, SS::mse), true},
       {"mxfp4", spec(ms::Mode::mxfp4)},
+      {"mxfp4, scale search mse", spec(ms::Mode::mxfp4, 0, 0, SS::mse)},
       {"mxfp8 (e4m3)", spec(ms::Mode::mxfp8)},
       {"affine int4 g32", spec(ms::Mode::affine, 32, 4)},
       {"affine int4 g64", spec(ms::Mode::affine, 64, 4)},

@@ -16,6 +16,11 @@ enum class NonFinite { propagate, error, saturate };
 enum class Layout { compact, swizzled };
 // Element format of mxfp8.
 enum class Elem { e4m3, e5m2 };
+// How fp4 block scales are chosen (docs/numerics.md, "Scale search"): none = round-to-nearest from the
+// block max (the default); four_over_six ("4over6", nvfp4) = the block max maps to 6 or to 4,
+// whichever decodes closer; mse (nvfp4, mxfp4) = the nearby scale with the least squared error,
+// plus a search over the global scale for three-level nvfp4. The bytes stay standard.
+enum class ScaleSearch { none, four_over_six, mse };
 
 struct QuantSpec {
   Mode mode = Mode::nvfp4;
@@ -25,6 +30,7 @@ struct QuantSpec {
   NonFinite nonfinite = NonFinite::propagate;
   Layout layout = Layout::compact;
   Elem elem = Elem::e4m3;
+  ScaleSearch scale_search = ScaleSearch::none;
   // nvfp4 only: the tensor's amax as float32 (not an encode or decode factor). Present means
   // three-level NVFP4; must be finite and >= 0.
   std::optional<float> global_scale;
@@ -49,11 +55,13 @@ ScaleRule scale_rule_from_name(const std::string& s);
 NonFinite nonfinite_from_name(const std::string& s);
 Layout layout_from_name(const std::string& s);
 Elem elem_from_name(const std::string& s);
+ScaleSearch scale_search_from_name(const std::string& s);
 const char* name(Mode m);
 const char* name(ScaleRule r);
 const char* name(NonFinite n);
 const char* name(Layout l);
 const char* name(Elem e);
+const char* name(ScaleSearch s);
 
 // Storage cost in bits per value, scales (and affine biases in `scale_bits`-wide floats) included;
 // the 32-bit global scale is per tensor and not counted.

@@ -268,16 +268,17 @@ _SPEC_CACHE = {}
 
 
 def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propagate",
-          layout="compact", elem="e4m3", global_scale=None):
+          layout="compact", elem="e4m3", global_scale=None, scale_search="none"):
     """The _core.QuantSpec of these arguments: types checked here, names parsed (and refused,
     ValueError) by the C++ enums' from_name."""
     key = (mode, group_size, type(group_size), bits, type(bits), scale_rule, nonfinite, layout,
-           elem, global_scale, type(global_scale))
+           elem, global_scale, type(global_scale), scale_search)
     try:
         return _SPEC_CACHE[key]
     except (KeyError, TypeError):  # TypeError: an array global_scale is not hashable
         pass
-    spec = _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale)
+    spec = _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
+                      scale_search)
     try:
         if len(_SPEC_CACHE) >= 256:
             _SPEC_CACHE.clear()
@@ -287,7 +288,8 @@ def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propag
     return spec
 
 
-def _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale):
+def _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
+               scale_search):
     mode = _str(mode, "mode")
     group_size = _opt_int(group_size, "group_size")
     bits = _opt_int(bits, "bits")
@@ -300,7 +302,8 @@ def _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, glob
         mode=_core.Mode.from_name(mode), group_size=group_size, bits=bits,
         scale_rule=_core.ScaleRule.from_name(scale_rule),
         nonfinite=_core.NonFinite.from_name(nonfinite), layout=_core.Layout.from_name(layout),
-        elem=_core.Elem.from_name(elem), global_scale=global_scale)
+        elem=_core.Elem.from_name(elem), global_scale=global_scale,
+        scale_search=_core.ScaleSearch.from_name(_str(scale_search, "scale_search")))
 
 
 def _dtype_name(dtype):
@@ -328,7 +331,8 @@ def _dtype_name(dtype):
 # public API
 
 def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, layout="compact",
-             scale_rule="ceil", nonfinite="propagate", elem="e4m3", out_type=None):
+             scale_rule="ceil", nonfinite="propagate", elem="e4m3", scale_search="none",
+             out_type=None):
     """Quantize ``w`` along its last axis.
 
     Args:
@@ -352,16 +356,25 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
         ``"error"`` (ValueError naming the first non-finite element) or ``"saturate"``
         (TensorEngine's hardware behaviour; affine treats it as propagate).
       elem: mxfp8 element format, ``"e4m3"`` (default) or ``"e5m2"``.
+      scale_search: how fp4 block scales are chosen: ``"none"`` (default, round to nearest from
+        the block max), ``"4over6"`` (nvfp4) or ``"mse"`` (nvfp4, mxfp4); the bytes decode with the
+        standard decoder (docs/numerics.md, "Scale search").
       out_type: None (results are w's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
 
     Returns:
       ``(w_q, scales)`` for the fp modes and ``(w_q, scales, biases)`` for affine: ``w_q`` uint8
       ``[..., K*bits/8]``; fp-mode scales uint8 codes; affine scales and biases in w's dtype.
+      With ``scale_search`` other than ``"none"`` and a ``global_scale``, the search may record a
+      different global scale, so the result is ``(w_q, scales, global_scale)``: pass that float
+      to :func:`dequantize`.
     """
     arr = _float_input(w, "w")
-    parts = _core.quantize_parts(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, layout,
-                                            elem, global_scale))
-    return _deliver(parts, _out_kind(out_type, w))
+    spec = _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
+                 scale_search)
+    if spec.scale_search != _core.ScaleSearch.none and spec.global_scale is not None:
+        q = _core.quantize(arr, spec)
+        return _deliver((q.packed, q.scales), _out_kind(out_type, w)) + (q.spec.global_scale,)
+    return _deliver(_core.quantize_parts(arr, spec), _out_kind(out_type, w))
 
 
 def quantize_dequantize(x, mode="nvfp4", group_size=None, bits=None, global_scale=None,

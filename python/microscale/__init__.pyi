@@ -35,11 +35,13 @@ _NumpyOut = Union[None, Literal["numpy"]]
 @overload
 def quantize(w: NDArray, mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
              global_scale: Optional[Scalar] = ..., layout: str = ..., scale_rule: str = ...,
-             nonfinite: str = ..., elem: str = ..., out_type: _NumpyOut = ...) -> tuple[NDArray, ...]: ...
+             nonfinite: str = ..., elem: str = ..., scale_search: str = ...,
+             out_type: _NumpyOut = ...) -> tuple[NDArray, ...]: ...
 @overload
 def quantize(w: ArrayIn, mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
              global_scale: Optional[Scalar] = ..., layout: str = ..., scale_rule: str = ...,
-             nonfinite: str = ..., elem: str = ..., out_type: OutTypeArg = ...) -> tuple[Any, ...]: ...
+             nonfinite: str = ..., elem: str = ..., scale_search: str = ...,
+             out_type: OutTypeArg = ...) -> tuple[Any, ...]: ...
 @overload
 def dequantize(w_q: NDArray, scales: ArrayIn, biases: Optional[ArrayIn] = ..., mode: str = ...,
                global_scale: Optional[Scalar] = ..., dtype: DTypeLike = ..., layout: str = ...,

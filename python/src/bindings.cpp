@@ -262,13 +262,15 @@ nb::enum_<E> bind_enum(nb::module_& m, const char* type_name, std::initializer_l
 }
 
 void bind_types(nb::module_& m) {
-  using ms::Elem, ms::Layout, ms::Mode, ms::NonFinite, ms::ScaleRule;
+  using ms::Elem, ms::Layout, ms::Mode, ms::NonFinite, ms::ScaleRule, ms::ScaleSearch;
   bind_enum(m, "Mode", {Mode::nvfp4, Mode::mxfp4, Mode::mxfp8, Mode::affine}, &ms::mode_from_name);
   bind_enum(m, "ScaleRule", {ScaleRule::ceil, ScaleRule::floor, ScaleRule::even, ScaleRule::nearest},
             &ms::scale_rule_from_name);
   bind_enum(m, "NonFinite", {NonFinite::propagate, NonFinite::error, NonFinite::saturate}, &ms::nonfinite_from_name);
   bind_enum(m, "Layout", {Layout::compact, Layout::swizzled}, &ms::layout_from_name);
   bind_enum(m, "Elem", {Elem::e4m3, Elem::e5m2}, &ms::elem_from_name);
+  bind_enum(m, "ScaleSearch", {ScaleSearch::none, ScaleSearch::four_over_six, ScaleSearch::mse},
+            &ms::scale_search_from_name);
   nb::enum_<ms::DType> dtype(m, "DType");
   for (ms::DType t : {ms::DType::float32, ms::DType::float16, ms::DType::bfloat16, ms::DType::uint8, ms::DType::uint32,
                       ms::DType::int32, ms::DType::int64}) {
@@ -279,13 +281,14 @@ void bind_types(nb::module_& m) {
       .def(
           "__init__",
           [](ms::QuantSpec* s, Mode mode, int group_size, int bits, ScaleRule scale_rule, NonFinite nonfinite,
-             Layout layout, Elem elem, std::optional<float> global_scale) {
-            new (s) ms::QuantSpec{mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale};
+             Layout layout, Elem elem, std::optional<float> global_scale, ScaleSearch scale_search) {
+            new (s)
+                ms::QuantSpec{mode, group_size, bits, scale_rule, nonfinite, layout, elem, scale_search, global_scale};
           },
           nb::kw_only(), nb::arg("mode") = Mode::nvfp4, nb::arg("group_size") = 0, nb::arg("bits") = 0,
           nb::arg("scale_rule") = ScaleRule::ceil, nb::arg("nonfinite") = NonFinite::propagate,
           nb::arg("layout") = Layout::compact, nb::arg("elem") = Elem::e4m3,
-          nb::arg("global_scale").none() = nb::none())
+          nb::arg("global_scale").none() = nb::none(), nb::arg("scale_search") = ScaleSearch::none)
       .def_rw("mode", &ms::QuantSpec::mode)
       .def_rw("group_size", &ms::QuantSpec::group_size)
       .def_rw("bits", &ms::QuantSpec::bits)
@@ -293,6 +296,7 @@ void bind_types(nb::module_& m) {
       .def_rw("nonfinite", &ms::QuantSpec::nonfinite)
       .def_rw("layout", &ms::QuantSpec::layout)
       .def_rw("elem", &ms::QuantSpec::elem)
+      .def_rw("scale_search", &ms::QuantSpec::scale_search)
       .def_rw("global_scale", &ms::QuantSpec::global_scale, nb::arg("value").none());
 
   // The parts come back as numpy arrays sharing the tensors' buffers; the constructor copies the

@@ -182,6 +182,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
   {
     struct O {
       std::string in, out, format = "nvfp4", to, scale_rule, nonfinite = "propagate", amax_file, errors_csv, part;
+      std::string scale_search = "none";
       std::vector<std::string> exclude, include;
       int group = 0;
       bool force = false, w4a4 = false, errors = false, separate = false;
@@ -203,6 +204,10 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_option("--scale-rule", o->scale_rule,
                   "E8M0 rule for mx modes: ceil, floor, even, nearest (default: even "
                   "for compressed-tensors mxfp4 as llm-compressor, else ceil)");
+    c->add_option("--scale-search", o->scale_search,
+                  "fp4 block scales: none (round to nearest), 4over6 (nvfp4) or mse (nvfp4, mxfp4); "
+                  "standard bytes either way (docs/numerics.md)")
+        ->capture_default_str();
     c->add_option("--nonfinite", o->nonfinite,
                   "NaN/Inf weights: propagate (warn, and keep them in the blocks they "
                   "hit), error (fail naming the tensor) or saturate")
@@ -231,6 +236,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                opt.scale_rule_set = true;
              }
              opt.spec.nonfinite = nonfinite_from_name(o->nonfinite);
+             opt.spec.scale_search = scale_search_from_name(o->scale_search);
              const bool fp4 = opt.spec.mode == Mode::nvfp4 || opt.spec.mode == Mode::mxfp4;
              opt.to = o->to.empty() ? (fp4 ? io::Convention::compressed_tensors : io::Convention::mlx)
                                     : io::convention_from_name(o->to);

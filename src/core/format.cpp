@@ -49,6 +49,14 @@ const char* name(NonFinite n) {
 }
 const char* name(Layout l) { return l == Layout::compact ? "compact" : "swizzled"; }
 const char* name(Elem e) { return e == Elem::e4m3 ? "e4m3" : "e5m2"; }
+const char* name(ScaleSearch s) {
+  switch (s) {
+    case ScaleSearch::none: return "none";
+    case ScaleSearch::four_over_six: return "4over6";
+    case ScaleSearch::mse: return "mse";
+  }
+  return "?";
+}
 
 Mode mode_from_name(const std::string& s) {
   static constexpr Mode all[] = {Mode::nvfp4, Mode::mxfp4, Mode::mxfp8, Mode::affine};
@@ -69,6 +77,10 @@ Layout layout_from_name(const std::string& s) {
 Elem elem_from_name(const std::string& s) {
   static constexpr Elem all[] = {Elem::e4m3, Elem::e5m2};
   return parse(s, all, "elem");
+}
+ScaleSearch scale_search_from_name(const std::string& s) {
+  static constexpr ScaleSearch all[] = {ScaleSearch::none, ScaleSearch::four_over_six, ScaleSearch::mse};
+  return parse(s, all, "scale_search");
 }
 
 QuantSpec resolve(const QuantSpec& spec) {
@@ -97,6 +109,12 @@ QuantSpec resolve(const QuantSpec& spec) {
   require(r.elem == Elem::e4m3 || r.mode == Mode::mxfp8, "elem is an mxfp8 option");
   require(r.scale_rule == ScaleRule::ceil || r.mode == Mode::mxfp4 || r.mode == Mode::mxfp8,
           std::string("scale_rule '") + name(r.scale_rule) + "' is an option of the E8M0-scaled modes (mxfp4, mxfp8)");
+  // 4over6 is defined for nvfp4's E4M3 scales only; mse searches the E4M3 and E8M0 scales of fp4.
+  const std::string search = std::string("scale_search '") + name(r.scale_search) + "' is only defined for ";
+  require(r.scale_search != ScaleSearch::four_over_six || r.mode == Mode::nvfp4,
+          search + "nvfp4, not " + mode + " (use 'mse' for mxfp4, or 'none')");
+  require(r.scale_search != ScaleSearch::mse || r.mode == Mode::nvfp4 || r.mode == Mode::mxfp4,
+          search + "nvfp4 and mxfp4, not " + mode + " (use 'none')");
   if (r.global_scale) {
     require(r.mode == Mode::nvfp4, "global_scale is only supported by nvfp4");
     const float g = *r.global_scale;

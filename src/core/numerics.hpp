@@ -329,6 +329,113 @@ MS_HD BlockScale mx_block_scale(float bamax, const MxElem& ef, ScaleRule rule, D
   return {e, e8m0_reciprocal(e)};
 }
 
+// -- scale search (docs/numerics.md "Scale search"; off by default) --
+//
+// Only the choice of the block scale changes: elements are encoded with the chosen scale's factor
+// exactly as round-to-nearest encodes them, and every result decodes with the standard decoder.
+// A candidate's error is the f32 sum, in index order, of fl(d*d), d = fl(fl(val(q_i) * dec) - x_i);
+// a candidate replaces the current best only when its error is strictly lower, so ties (and NaN
+// errors, from blocks holding Inf under 'saturate') keep the default choice.
+
+// mse tries the E4M3 codes this many steps below and above the round-to-nearest code, then
+// 4over6's max-to-4 code.
+constexpr int kNvfp4MseSteps = 3;
+
+// Squared error of an fp4 block of n values encoded with factor enc and decoded with factor dec.
+MS_HD float fp4_block_sq_error(const float* x, int n, float enc, float dec) {
+  float err = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float d = decode_e2m1(encode_e2m1(x[i] * enc)) * dec - x[i];
+    err = err + d * d;
+  }
+  return err;
+}
+
+// The nvfp4 tensor factors a searched quantization encodes with, and the global scale its output
+// records (the amax the standard decoder multiplies by C2688).
+struct Nvfp4Search {
+  Nvfp4Tensor t;
+  float decode_amax;
+};
+
+// 4over6 keeps the block scales at or below 256 so that the max-to-4 candidate (1.5 times the
+// max-to-6 one) never saturates: S_enc = 1536 / amax (6 * 256), and the decode factor amax / 1536
+// is expressed as the standard three-level one of the recorded global scale 1.75 * amax.
+constexpr float kNvfp4FourOverSixRange = 1536.0f;
+MS_HD float nvfp4_four_over_six_global(float amax) { return fminf(amax * 1.75f, float_of(kFltMaxBits)); }
+
+MS_HD Nvfp4Search nvfp4_search_tensor(bool three_level, float amax, ScaleSearch search) {
+  if (!three_level || search != ScaleSearch::four_over_six) return {nvfp4_tensor(three_level, amax), amax};
+  float s_enc = fminf(kNvfp4FourOverSixRange / amax, float_of(kFltMaxBits));
+  if (amax == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
+  return {{true, s_enc, 1.0f / s_enc}, nvfp4_four_over_six_global(amax)};
+}
+
+// Block scale code s with the encode factor round-to-nearest would use for it.
+MS_HD BlockScale nvfp4_scale_of_code(std::uint8_t s, const Nvfp4Tensor& t) {
+  const float flt_max = float_of(kFltMaxBits);
+  return {s, fminf(1.0f / (t.three_level ? decode_e4m3(s) * t.s_dec : decode_e4m3(s)), flt_max)};
+}
+
+// The searched scale of a finite nvfp4 block x[0..15] with block max bamax.
+MS_HD BlockScale nvfp4_searched_block_scale(const float* x, float bamax, const Nvfp4Search& p, ScaleSearch search) {
+  const Nvfp4Tensor& t = p.t;
+  auto error_of = [&](const BlockScale& c) {
+    return fp4_block_sq_error(x, kNvfp4Group, c.enc, nvfp4_decode_factor(c.code, t.three_level, p.decode_amax));
+  };
+  const BlockScale rtn = nvfp4_block_scale(bamax, t);
+  if (search == ScaleSearch::none) return rtn;
+  BlockScale best = rtn;
+  float best_err = error_of(rtn);
+  auto consider = [&](std::uint8_t code) {
+    const BlockScale c = nvfp4_scale_of_code(code, t);
+    const float err = error_of(c);
+    if (err < best_err) {
+      best = c;
+      best_err = err;
+    }
+  };
+  if (search == ScaleSearch::mse) {
+    for (int d = 1; d <= kNvfp4MseSteps; ++d) {
+      if (rtn.code >= d) consider(static_cast<std::uint8_t>(rtn.code - d));
+      if (rtn.code + d <= E4M3::MAX_CODE) consider(static_cast<std::uint8_t>(rtn.code + d));
+    }
+  }
+  // rtn is 4over6's max-to-6 candidate; the max-to-4 one rounds 1.5 times the same base (mse
+  // tries it last: 4 or 5 E4M3 steps up, beyond the steps above).
+  const float base =
+      t.three_level ? fminf(bamax * (t.s_enc * float_of(kC6Bits)), float_of(kFltMaxBits)) : bamax * float_of(kC6Bits);
+  consider(encode_e4m3(base * 1.5f));
+  return best;
+}
+
+// The searched scale of a finite mxfp4 block x[0..31]: the rule's exponent or one of its two
+// neighbours (mse).
+template <class Log2 = Log2Float>
+MS_HD BlockScale mx_searched_block_scale(const float* x, float bamax, const MxElem& ef, ScaleRule rule, DType src,
+                                         ScaleSearch search, Log2 log2_of = {}) {
+  const BlockScale rtn = mx_block_scale(bamax, ef, rule, src, log2_of);
+  if (search != ScaleSearch::mse || rtn.code == kE8M0NaN) return rtn;
+  BlockScale best = rtn;
+  float best_err = fp4_block_sq_error(x, kMxGroup, rtn.enc, decode_e8m0(rtn.code));
+  for (int d = -1; d <= 1; d += 2) {
+    const int e = rtn.code + d;
+    if (e < 0 || e > 254) continue;
+    const auto code = static_cast<std::uint32_t>(e);
+    const float err = fp4_block_sq_error(x, kMxGroup, e8m0_reciprocal(code), decode_e8m0(code));
+    if (err < best_err) {
+      best = {static_cast<std::uint8_t>(code), e8m0_reciprocal(code)};
+      best_err = err;
+    }
+  }
+  return best;
+}
+
+// mse's global-scale search for three-level nvfp4 tries the tensor amax times each of these (all
+// >= 1, so no block scale saturates that did not before; a quarter of an E4M3 step apart at the
+// bottom of a binade) and keeps the one with the least total squared error, ties to the first.
+constexpr float kNvfp4GlobalCandidates[] = {1.0f, 1.03125f, 1.0625f, 1.09375f};
+
 // -- affine (2.3, MLX's CPU algorithm) --
 
 struct AffineScaleBias {

@@ -35,11 +35,11 @@ HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-#if HWY_TARGET == HWY_SCALAR
-
-// Single-lane vectors gain nothing: widen a few blocks at a time and run the reference.
-inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
-                           std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+// Widens a few blocks at a time and runs the reference: the whole kernel on single-lane targets,
+// where vectors gain nothing, and the searched scale modes on every target (their per-block
+// candidate loop is the scalar spec's).
+inline void ReferenceBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
+                            std::uint8_t* packed, std::byte* scales, std::byte* biases) {
   constexpr std::int64_t kChunk = 64;
   const std::int64_t G = spec.group_size;
   const std::int64_t block_bytes = G * spec.bits / 8;
@@ -58,6 +58,13 @@ inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std:
     reference::quantize(buf, nb, G, src, spec, packed + b * block_bytes, scales + static_cast<std::size_t>(b) * ssize,
                         biases ? biases + static_cast<std::size_t>(b) * ssize : nullptr);
   }
+}
+
+#if HWY_TARGET == HWY_SCALAR
+
+inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
+                           std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+  ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
 }
 
 #else
@@ -218,6 +225,83 @@ HWY_INLINE void Nvfp4Tile(const T* x, const Nvfp4& p, std::uint8_t* packed, std:
   EncodeTile<E2M1, 16, kSat>(x, enc, bm, scales, 0x7F, !hn::AllFalse(di, bad), packed);
 }
 
+// A tile of N blocks of G in float32, transposed: cols[i * N + b] is element i of block b.
+template <std::size_t G, class T>
+HWY_INLINE void TransposeTile(const T* x, float* cols) {
+  alignas(64) float rows[kN * G];
+  for (std::size_t v = 0; v < kN * G; v += kN) hn::Store(Load(x + v), DF(), rows + v);
+  for (std::size_t b = 0; b < kN; ++b)
+    for (std::size_t i = 0; i < G; ++i) cols[i * kN + b] = rows[b * G + i];
+}
+
+// Per lane b: the f32 sum over i in index order of fl(d*d), d = fl(fl(val(q_i) * dec) - x_i), q_i
+// = E2M1(x_i * enc): numerics::fp4_block_sq_error of block b.
+template <std::size_t G>
+HWY_INLINE VF Fp4SquaredErrors(const float* cols, VF enc, VF dec) {
+  const DF df;
+  VF err = hn::Zero(df);
+  for (std::size_t i = 0; i < G; ++i) {
+    const VF v = hn::Load(df, cols + i * kN);
+    const VF d = hn::Sub(hn::Mul(DecodeE2M1(EncodeElements<E2M1, false, true>(hn::Mul(v, enc))), dec), v);
+    err = hn::Add(err, hn::Mul(d, d));
+  }
+  return err;
+}
+
+// nvfp4 scale search (4over6, mse) on finite tiles, 'propagate'/'error' only: lane b holds block
+// b, and each candidate's error is summed over the block's elements in index order with the
+// scalar spec's float operations (numerics::nvfp4_searched_block_scale), so the choice is the
+// reference's. Tiles holding NaN/Inf take the scalar path.
+template <class T>
+HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, const QuantSpec& spec, DType src,
+                                std::uint8_t* packed, std::uint8_t* scales) {
+  constexpr std::size_t G = numerics::kNvfp4Group;
+  const DF df;
+  const DI di;
+  const VI bm = BlockMaxBits<G, false>(x);
+  if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) {
+    ReferenceBlocks(x, src, spec, 0, static_cast<std::int64_t>(kN), packed, reinterpret_cast<std::byte*>(scales),
+                    nullptr);
+    return;
+  }
+  alignas(64) float cols[G * kN];
+  TransposeTile<G>(x, cols);
+
+  const numerics::Nvfp4Tensor& t = p.t;
+  const VF flt_max = hn::Set(df, kFltMax);
+  const VF base = hn::Min(hn::Mul(hn::BitCast(df, bm), hn::Set(df, t.s_enc * f32_from_bits(kC6Bits))), flt_max);
+  const VI s0 = RoundMagnitude<E4M3>(hn::BitCast(di, base));
+  auto error_of = [&](VI code, VF& enc) HWY_ATTR {
+    const VF sf = DecodeE4M3<false>(code);
+    enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), flt_max);
+    const VF dec =
+        t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
+    return Fp4SquaredErrors<G>(cols, enc, dec);
+  };
+  VI best = s0;
+  VF best_enc;
+  VF best_err = error_of(s0, best_enc);
+  auto consider = [&](VI code, auto valid) HWY_ATTR {
+    VF enc;
+    const VF err = error_of(code, enc);
+    const auto better = hn::And(valid, hn::Lt(err, best_err));
+    best = hn::IfThenElse(hn::RebindMask(di, better), code, best);
+    best_enc = hn::IfThenElse(better, enc, best_enc);
+    best_err = hn::IfThenElse(better, err, best_err);
+  };
+  if (spec.scale_search == ScaleSearch::mse) {
+    for (int d = 1; d <= numerics::kNvfp4MseSteps; ++d) {
+      const VI step = hn::Set(di, d);
+      consider(hn::Sub(s0, step), hn::RebindMask(df, hn::Gt(s0, hn::Sub(step, hn::Set(di, 1)))));
+      consider(hn::Add(s0, step), hn::RebindMask(df, hn::Gt(hn::Set(di, E4M3::MAX_CODE + 1), hn::Add(s0, step))));
+    }
+  }
+  // 4over6's max-to-4 code (mse tries it last).
+  consider(RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f)))), hn::RebindMask(df, hn::Eq(s0, s0)));
+  StoreBytes(best, scales);
+  EncodeTile<E2M1, G, false>(x, best_enc, bm, scales, 0x7F, false, packed);
+}
+
 // ---- mxfp4 / mxfp8 (FORMATS.md 2.2) ----
 
 // MLX's rule needs log2f: scalar per block, the reference's operations.
@@ -271,6 +355,47 @@ HWY_INLINE void MxTile(const T* x, ScaleRule rule, DType src, std::uint8_t* pack
   EncodeTile<F, 32, kSat>(x, hn::BitCast(DF(), r), bm, scales, 0xFF, !hn::AllFalse(di, bad), packed);
 }
 
+// mxfp4 mse on finite tiles ('propagate'/'error'): the rule's exponent and its two neighbours per
+// lane, as numerics::mx_searched_block_scale. Tiles holding NaN/Inf take the scalar path.
+template <class T>
+HWY_INLINE void Mxfp4SearchTile(const T* x, const QuantSpec& spec, DType src, std::uint8_t* packed,
+                                std::uint8_t* scales) {
+  constexpr std::size_t G = numerics::kMxGroup;
+  const DF df;
+  const DI di;
+  const VI bm = BlockMaxBits<G, false>(x);
+  if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) {
+    ReferenceBlocks(x, src, spec, 0, static_cast<std::int64_t>(kN), packed, reinterpret_cast<std::byte*>(scales),
+                    nullptr);
+    return;
+  }
+  alignas(64) float cols[G * kN];
+  TransposeTile<G>(x, cols);
+  const VI e0 = E8m0Scales<E2M1>(bm, spec.scale_rule, src);
+  auto error_of = [&](VI e, VF& enc) HWY_ATTR {
+    // 2^(127-e) from bits, the subnormal 2^-127 for e = 254, as MxTile.
+    enc = hn::BitCast(df, hn::IfThenElse(hn::Eq(e, hn::Set(di, 254)), hn::Set(di, 0x400000),
+                                         hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 254), e))));
+    return Fp4SquaredErrors<G>(cols, enc, DecodeE8M0(e));
+  };
+  VI best = e0;
+  VF best_enc;
+  VF best_err = error_of(e0, best_enc);
+  auto consider = [&](VI e, auto valid) HWY_ATTR {
+    VF enc;
+    const VF err = error_of(e, enc);
+    const auto better = hn::And(valid, hn::Lt(err, best_err));
+    best = hn::IfThenElse(hn::RebindMask(di, better), e, best);
+    best_enc = hn::IfThenElse(better, enc, best_enc);
+    best_err = hn::IfThenElse(better, err, best_err);
+  };
+  const VI one = hn::Set(di, 1);
+  consider(hn::Sub(e0, one), hn::RebindMask(df, hn::Gt(e0, hn::Zero(di))));
+  consider(hn::Add(e0, one), hn::RebindMask(df, hn::Gt(hn::Set(di, 255), hn::Add(e0, one))));
+  StoreBytes(best, scales);
+  EncodeTile<E2M1, G, false>(x, best_enc, bm, scales, 0xFF, false, packed);
+}
+
 // Runs tile(x, packed, scales) over blocks [b0, b1); the last partial tile goes through a
 // zero-padded copy.
 template <std::size_t G, std::size_t kBits, class T, class Tile>
@@ -296,6 +421,14 @@ void FpBlocks(const T* x, const QuantSpec& spec, DType src, std::int64_t b0, std
   const ScaleRule rule = spec.scale_rule;
   switch (spec.mode) {
     case Mode::nvfp4: {
+      if (spec.scale_search != ScaleSearch::none) {  // QuantizeBlocks sends 'saturate' to the scalar path
+        const numerics::Nvfp4Search ps = numerics::nvfp4_search_tensor(
+            spec.global_scale.has_value(), spec.global_scale.value_or(0.0f), spec.scale_search);
+        TiledBlocks<16, 4>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR {
+          Nvfp4SearchTile(xt, ps, spec, src, pt, st);
+        });
+        break;
+      }
       const Nvfp4 p = Nvfp4Factors(spec);
       TiledBlocks<16, 4>(x, b0, b1, packed, scales,
                          [&](const T* xt, std::uint8_t* pt, std::uint8_t* st)
@@ -303,6 +436,12 @@ void FpBlocks(const T* x, const QuantSpec& spec, DType src, std::int64_t b0, std
       break;
     }
     case Mode::mxfp4:
+      if (spec.scale_search == ScaleSearch::mse) {
+        TiledBlocks<32, 4>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR {
+          Mxfp4SearchTile(xt, spec, src, pt, st);
+        });
+        break;
+      }
       TiledBlocks<32, 4>(x, b0, b1, packed, scales,
                          [&](const T* xt, std::uint8_t* pt, std::uint8_t* st)
                              HWY_ATTR MICROSCALE_ALWAYS_INLINE { MxTile<E2M1, kSat>(xt, rule, src, pt, st); });
@@ -393,6 +532,9 @@ void Blocks(const T* x, DType src, const QuantSpec& spec, std::int64_t b0, std::
 
 inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
                            std::uint8_t* packed, std::byte* scales, std::byte* biases) {
+  // Searched scales: vectors under the finite-block policies, the scalar spec under 'saturate'.
+  if (spec.scale_search != ScaleSearch::none && spec.nonfinite == NonFinite::saturate)
+    return ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
   switch (src) {
     case DType::float16:
       return Blocks(static_cast<const hwy::float16_t*>(x), src, spec, b0, b1, packed, scales, biases);

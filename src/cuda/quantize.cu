@@ -182,6 +182,10 @@ float amax(const DeviceTensor& x, Stream stream) {
 void quantize(const DeviceTensor& x, const QuantSpec& spec, const DeviceQuantized& out, Stream stream) {
   const ops::QuantizePlan p = ops::plan_quantize(ops::arg_of(x), spec);
   const QuantSpec& s = p.spec;
+  // The searched modes run on the host backends only (their global scale is an output, too).
+  if (s.scale_search != ScaleSearch::none)
+    throw Error(std::string("quantize (CUDA): scale_search '") + name(s.scale_search) +
+                "' is not supported on the device; quantize on the host (reference or cpu backend)");
   check_pointer(x, "quantize: x");
   check_tensor(out.packed, DType::uint8, p.packed, "quantize: packed output");
   check_tensor(out.scales, p.scale_dtype, p.scales, "quantize: scales output");

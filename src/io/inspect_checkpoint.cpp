@@ -126,6 +126,10 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
     for (const char* k : {"quantization_config", "quantization"})
       if (auto it = in.config.find(k); it != in.config.end()) {
         res.config = std::string(k) + " " + it->dump();
+        // A searched scale choice (quantize --scale-search) leads, where truncation cannot hide it.
+        if (it->is_object() && it->contains("producer") && (*it)["producer"].is_object())
+          if (auto s = (*it)["producer"].find("scale_search"); s != (*it)["producer"].end() && s->is_string())
+            res.config = "scale_search " + s->get<std::string>() + "; " + res.config;
         break;
       }
   if (std::error_code ec; fs::exists(in.dir / "hf_quant_config.json", ec))

@@ -22,6 +22,7 @@ struct QuantMeta {
   std::vector<const Layer*> layers;  // may be skeletons (no data)
   std::vector<std::string> ignore;   // weight-like tensors' modules left unquantized
   bool w4a4 = false;
+  ScaleSearch scale_search = ScaleSearch::none;  // recorded in the config's producer block when searched
 };
 
 // The (mode, group, bits) most layers use.

@@ -10,6 +10,7 @@
 #include "io/tensor_values.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
+#include "ops/quantize.hpp"
 
 namespace microscale::io {
 
@@ -250,6 +251,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   QuantMeta meta;
   meta.w4a4 = w4a4;
   meta.ignore = ignore;
+  meta.scale_search = base.scale_search;
   for (const Sel& s : chosen) {
     (void)emit(s.skel, opt.to);  // throws if the layout cannot hold this mode
     meta.layers.push_back(&s.skel);
@@ -323,7 +325,8 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       if (three) spec.global_scale = fused ? *fused : global_scale(x);
       Quantized q;
       try {
-        q = quantize(x, spec);
+        // A fused group keeps its one global scale: mse searches only the block scales there.
+        q = ops::quantize(x, spec, !fused.has_value());
       } catch (const Error& e) {
         throw Error("tensor " + detail::quote(sp->name) + ": " + e.what());
       }

@@ -265,6 +265,8 @@ QqmmPlan plan_qqmm(const Arg& x, const Arg& w, const Arg* w_scales, const QuantS
                    std::optional<float> global_scale_x, std::optional<float> global_scale_w, const Arg* bias) {
   const char* op = "qqmm";
   QqmmPlan p;
+  require(spec.scale_search == ScaleSearch::none,
+          "qqmm: scale_search is an option of quantize: quantize w with it and pass the packed weight and scales");
   p.specs = resolve_qqmm(spec, global_scale_x, global_scale_w);
   check_x(x, op);
   require(!x.shape.empty(), "qqmm: x must have rank >= 1");

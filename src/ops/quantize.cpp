@@ -1,9 +1,16 @@
 // Public quantize / dequantize entry points: the plan (ops/plan.hpp), then the backend's kernels.
 #include "microscale/quantize.hpp"
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
 #include "core/convert.hpp"
+#include "core/numerics.hpp"
 #include "ops/kernels.hpp"
 #include "ops/operand.hpp"
+#include "ops/quantize.hpp"
 #include "reference/reference.hpp"
 
 namespace microscale {
@@ -20,6 +27,42 @@ void check_finite(const ops::Kernels& k, const detail::Rows& x, DType dtype, con
   if (i >= 0) ops::throw_nonfinite(i, value, shape);
 }
 
+// mse's global-scale search (three-level nvfp4, docs/numerics.md): the whole tensor is quantized
+// with each candidate global scale and the one with the least total squared error over the finite
+// inputs is kept, ties to the first. The total is a float64 sum in row-major order of the
+// dequantized float32 values, so every backend and thread count chooses the same candidate.
+void quantize_searching_global(const ops::Kernels& k, const detail::Rows& x, DType dtype, const ops::QuantizePlan& p,
+                               Quantized& q, Tensor& compact) {
+  const float amax = *p.spec.global_scale;
+  const auto n = static_cast<std::size_t>(x.numel);
+  std::vector<float> xf(n), y(n);
+  for (std::size_t i = 0; i < n; ++i) xf[i] = detail::load_f32(x.data + i * dtype_size(dtype), dtype);
+  Tensor packed(DType::uint8, p.packed), scales(DType::uint8, p.compact_scales);
+  double best = 0.0;
+  bool first = true;
+  for (const float m : numerics::kNvfp4GlobalCandidates) {
+    QuantSpec s = p.spec;
+    s.global_scale = std::fmin(amax * m, std::numeric_limits<float>::max());
+    std::memset(packed.bytes(), 0, packed.nbytes());  // the reference ORs codes in
+    k.quantize(x.data, dtype, p.rows, p.K, s, packed.data<std::uint8_t>(), scales.bytes(), nullptr);
+    k.dequantize(packed.data<std::uint8_t>(), scales.bytes(), nullptr, DType::uint8, p.rows, p.K, s, DType::float32,
+                 reinterpret_cast<std::byte*>(y.data()));
+    double err = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(xf[i])) continue;
+      const double d = static_cast<double>(y[i]) - static_cast<double>(xf[i]);
+      err += d * d;
+    }
+    if (first || err < best) {
+      std::swap(q.packed, packed);
+      std::swap(compact, scales);
+      q.spec.global_scale = s.global_scale;
+      best = err;
+      first = false;
+    }
+  }
+}
+
 }  // namespace
 
 float global_scale(const TensorView& x) {
@@ -29,7 +72,9 @@ float global_scale(const TensorView& x) {
   return k.amax_finite(c.data, x.dtype, c.numel);
 }
 
-Quantized quantize(const TensorView& x, const QuantSpec& spec) {
+Quantized quantize(const TensorView& x, const QuantSpec& spec) { return ops::quantize(x, spec, true); }
+
+Quantized ops::quantize(const TensorView& x, const QuantSpec& spec, bool search_global_scale) {
   const ops::QuantizePlan p = ops::plan_quantize(ops::arg_of(x), spec);
   const ops::Kernels& k = ops::kernels_for("quantize", {&x});
   const detail::Rows xc = detail::rows_of(x);
@@ -41,7 +86,15 @@ Quantized quantize(const TensorView& x, const QuantSpec& spec) {
   q.packed = Tensor(DType::uint8, p.packed);
   Tensor compact(p.scale_dtype, p.compact_scales);
   if (p.spec.mode == Mode::affine) q.biases = Tensor(p.scale_dtype, p.biases);
-  k.quantize(xc.data, x.dtype, p.rows, p.K, p.spec, q.packed.data<std::uint8_t>(), compact.bytes(), q.biases.bytes());
+  const bool three_level = p.spec.mode == Mode::nvfp4 && p.spec.global_scale.has_value();
+  if (three_level && p.spec.scale_search == ScaleSearch::mse && search_global_scale && xc.numel > 0) {
+    quantize_searching_global(k, xc, x.dtype, p, q, compact);
+  } else {
+    k.quantize(xc.data, x.dtype, p.rows, p.K, p.spec, q.packed.data<std::uint8_t>(), compact.bytes(), q.biases.bytes());
+    // 4over6 encodes with 1536 / amax; the standard decoder reaches amax / 1536 through 1.75 * amax.
+    if (three_level && p.spec.scale_search == ScaleSearch::four_over_six)
+      q.spec.global_scale = numerics::nvfp4_four_over_six_global(*p.spec.global_scale);
+  }
   q.scales = p.spec.layout == Layout::swizzled ? swizzle_scales(compact.view()) : compact;
   return q;
 }

@@ -29,14 +29,14 @@ void put_nibble(std::uint8_t* row, std::int64_t i, std::uint8_t code) {
 
 // ---- nvfp4 (FORMATS.md 2.1) ----
 
-void nvfp4_block(const float* x, const numerics::Nvfp4Tensor& t, NonFinite policy, std::uint8_t* row,
+void nvfp4_block(const float* x, const numerics::Nvfp4Search& t, const QuantSpec& spec, std::uint8_t* row,
                  std::int64_t first, std::uint8_t* scale) {
   constexpr int G = numerics::kNvfp4Group;
-  if (policy != NonFinite::saturate && !all_finite(x, G)) {
+  if (spec.nonfinite != NonFinite::saturate && !all_finite(x, G)) {
     *scale = numerics::E4M3::NAN_CODE;  // element codes stay 0
     return;
   }
-  const numerics::BlockScale s = numerics::nvfp4_block_scale(block_amax(x, G), t);
+  const numerics::BlockScale s = numerics::nvfp4_searched_block_scale(x, block_amax(x, G), t, spec.scale_search);
   *scale = s.code;
   for (int i = 0; i < G; ++i) put_nibble(row, first + i, numerics::encode_e2m1(x[i] * s.enc));
 }
@@ -50,7 +50,8 @@ void mx_block(const float* x, const numerics::MxElem& ef, const QuantSpec& spec,
     *scale = numerics::kE8M0NaN;  // element codes stay 0
     return;
   }
-  const numerics::BlockScale s = numerics::mx_block_scale(block_amax(x, G), ef, spec.scale_rule, src);
+  const numerics::BlockScale s = numerics::mx_searched_block_scale(
+      x, block_amax(x, G), ef, spec.scale_rule, src, spec.mode == Mode::mxfp4 ? spec.scale_search : ScaleSearch::none);
   *scale = s.code;
   for (int i = 0; i < G; ++i) {
     if (spec.mode == Mode::mxfp4)
@@ -103,8 +104,8 @@ void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, cons
   const int g = spec.group_size;
   const std::int64_t groups = K / g;
   const std::int64_t row_bytes = K * spec.bits / 8;
-  const numerics::Nvfp4Tensor nv =
-      numerics::nvfp4_tensor(spec.global_scale.has_value(), spec.global_scale.value_or(0.0f));
+  const numerics::Nvfp4Search nv =
+      numerics::nvfp4_search_tensor(spec.global_scale.has_value(), spec.global_scale.value_or(0.0f), spec.scale_search);
   const numerics::MxElem ef = numerics::mx_elem(spec.mode, spec.elem);
   const std::size_t scale_size = spec.mode == Mode::affine ? dtype_size(src) : 1;
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -115,7 +116,7 @@ void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, cons
       const std::int64_t first = j * g;
       std::byte* sp = scales + static_cast<std::size_t>(r * groups + j) * scale_size;
       switch (spec.mode) {
-        case Mode::nvfp4: nvfp4_block(xb, nv, spec.nonfinite, pr, first, reinterpret_cast<std::uint8_t*>(sp)); break;
+        case Mode::nvfp4: nvfp4_block(xb, nv, spec, pr, first, reinterpret_cast<std::uint8_t*>(sp)); break;
         case Mode::mxfp4:
         case Mode::mxfp8: mx_block(xb, ef, spec, src, pr, first, reinterpret_cast<std::uint8_t*>(sp)); break;
         case Mode::affine:

@@ -1,0 +1,211 @@
+// Scale search (docs/numerics.md, "Scale search"): hand-computed 4over6 blocks, mse never worse
+// than round-to-nearest under an independent decoder (support.hpp's code values), the weight-error
+// gain on a heavy-tailed matrix, identical bytes on every backend, and the argument errors.
+#include <numeric>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace mst;
+using microscale::Mode;
+using microscale::Quantized;
+using microscale::QuantSpec;
+using microscale::ScaleRule;
+using microscale::ScaleSearch;
+
+QuantSpec spec_of(Mode mode, ScaleSearch search, std::optional<float> global = std::nullopt) {
+  QuantSpec s;
+  s.mode = mode;
+  s.scale_search = search;
+  s.global_scale = global;
+  return s;
+}
+
+// Values of a quantized fp4 tensor decoded from its bytes by support.hpp's code tables: element
+// value times the block's decode factor (E4M3 scale, times amax / 2688 when three-level; or the
+// E8M0 power of two), in double.
+std::vector<double> decode_fp4(const Quantized& q) {
+  const std::vector<std::uint8_t> packed = bytes(q.packed), scales = bytes(q.scales);
+  const int g = q.spec.group_size;
+  std::vector<double> y(packed.size() * 2);
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const std::uint8_t code = static_cast<std::uint8_t>((packed[i / 2] >> ((i & 1) * 4)) & 0xF);
+    const std::uint8_t s = scales[i / static_cast<std::size_t>(g)];
+    double factor = q.spec.mode == Mode::nvfp4 ? e4m3_value(s) : e8m0_value(s);
+    if (q.spec.global_scale) factor = factor * static_cast<double>(*q.spec.global_scale) / 2688.0;
+    y[i] = e2m1_value(code) * factor;
+  }
+  return y;
+}
+
+std::vector<double> block_sq_errors(const std::vector<double>& y, const std::vector<float>& x, int g) {
+  std::vector<double> e(x.size() / static_cast<std::size_t>(g), 0.0);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double d = y[i] - x[i];
+    e[i / static_cast<std::size_t>(g)] += d * d;
+  }
+  return e;
+}
+
+double total(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
+
+std::vector<float> decoded_f32(const Quantized& q) {
+  const Tensor y = microscale::dequantize(q, DType::float32);
+  const float* p = y.data<float>();
+  return std::vector<float>(p, p + y.numel());
+}
+
+// Two-level 4over6 by hand. bamax 4: max-to-6 scale E4M3(4/6) = 0.6875 (0x33) decodes 4 as 4.125;
+// max-to-4 scale E4M3(1.0) (0x38) decodes every value below exactly, so 4 wins.
+TEST(ScaleSearch, FourOverSixPicksFour) {
+  std::vector<float> x = {4, 3, 2, 1.5f, 1, 0.5f, 0, -4, -3, -2, -1.5f, -1, -0.5f, 0, 4, 2};
+  const Quantized q = microscale::quantize(view(x, {16}), spec_of(Mode::nvfp4, ScaleSearch::four_over_six));
+  EXPECT_EQ(bytes(q.scales)[0], 0x38);
+  EXPECT_EQ(decoded_f32(q), x);
+  const Quantized rtn = microscale::quantize(view(x, {16}), spec_of(Mode::nvfp4, ScaleSearch::none));
+  EXPECT_EQ(bytes(rtn.scales)[0], 0x33);
+}
+
+// bamax 6: max-to-6 scale 1.0 is exact; max-to-4 scale 1.5 (0x3C) sends 0.5 to 0.333.. -> 0.5 * 1.5,
+// so 6 wins. And a tie (bamax 3: scale 0.5 and 0.75 both exact) keeps the max-to-6 scale 0.5 (0x30).
+TEST(ScaleSearch, FourOverSixPicksSixAndTiesToSix) {
+  std::vector<float> x = {6, 3, 1.5f, 0.5f, 0, 0, 0, 0, -6, -3, -1.5f, -0.5f, 0, 0, 0, 0};
+  Quantized q = microscale::quantize(view(x, {16}), spec_of(Mode::nvfp4, ScaleSearch::four_over_six));
+  EXPECT_EQ(bytes(q.scales)[0], 0x38);
+  EXPECT_EQ(decoded_f32(q), x);
+  std::vector<float> tie = {3, 1.5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -3};
+  q = microscale::quantize(view(tie, {16}), spec_of(Mode::nvfp4, ScaleSearch::four_over_six));
+  EXPECT_EQ(bytes(q.scales)[0], 0x30);
+  EXPECT_EQ(decoded_f32(q), tie);
+}
+
+// Three-level: S_enc = 1536 / amax = 256, so a block with bamax = amax gets the max-to-6 scale 256
+// (0x78) or the max-to-4 scale 384 (0x7C), and the recorded global scale is 1.75 * amax, whose
+// standard decode factor (256 * 10.5) / 2688 is exactly 1 here.
+TEST(ScaleSearch, FourOverSixThreeLevel) {
+  std::vector<float> x = {6, 3, 1.5f, 0.5f, 0, 0, 0, 0, -6, -3, -1.5f, -0.5f, 0, 0, 0, 0};
+  Quantized q = microscale::quantize(view(x, {16}), spec_of(Mode::nvfp4, ScaleSearch::four_over_six, 6.0f));
+  EXPECT_EQ(bytes(q.scales)[0], 0x78);
+  ASSERT_TRUE(q.spec.global_scale.has_value());
+  EXPECT_EQ(*q.spec.global_scale, 10.5f);
+  EXPECT_EQ(decoded_f32(q), x);
+  std::vector<float> four = {4, 3, 2, 1.5f, 1, 0.5f, 0, -4, -3, -2, -1.5f, -1, -0.5f, 0, 4, 2};
+  q = microscale::quantize(view(four, {16}), spec_of(Mode::nvfp4, ScaleSearch::four_over_six, 4.0f));
+  EXPECT_EQ(bytes(q.scales)[0], 0x7C);  // 384, exact; 0x78 (256) would decode 3 as 4 * 2/3
+  EXPECT_EQ(*q.spec.global_scale, 7.0f);
+  EXPECT_EQ(decoded_f32(q), four);
+}
+
+// Random and heavy-tailed blocks: each mse block is at most round-to-nearest's error, measured
+// with the independent decoder in double (the search compares float32 sums, hence the slack).
+TEST(ScaleSearch, MseNeverWorseThanNearestPerBlock) {
+  for (const Dist d : {Dist::gaussian, Dist::student_t3, Dist::wide_range, Dist::tie_rich}) {
+    const std::vector<float> x = make_data(64 * 256, d, 11 + static_cast<int>(d));
+    for (const Mode mode : {Mode::nvfp4, Mode::mxfp4}) {
+      const Quantized rtn = microscale::quantize(view(x, {64, 256}), spec_of(mode, ScaleSearch::none));
+      const Quantized mse = microscale::quantize(view(x, {64, 256}), spec_of(mode, ScaleSearch::mse));
+      const int g = rtn.spec.group_size;
+      const std::vector<double> er = block_sq_errors(decode_fp4(rtn), x, g);
+      const std::vector<double> em = block_sq_errors(decode_fp4(mse), x, g);
+      int better = 0;
+      for (std::size_t b = 0; b < er.size(); ++b) {
+        EXPECT_LE(em[b], er[b] * (1 + 1e-5) + 1e-30) << microscale::name(mode) << " block " << b;
+        better += em[b] < er[b];
+      }
+      // Tie-rich data mostly sits on the grids already, and wide-range blocks are all their max;
+      // Gaussian and heavy-tailed blocks must gain somewhere.
+      if (d == Dist::gaussian || d == Dist::student_t3) {
+        EXPECT_GT(better, 0) << microscale::name(mode) << " dist " << static_cast<int>(d);
+      }
+      // The library's dequantize decodes the chosen bytes as the independent decoder does.
+      const std::vector<float> lib = decoded_f32(mse);
+      const std::vector<double> ind = decode_fp4(mse);
+      for (std::size_t i = 0; i < lib.size(); ++i)
+        ASSERT_NEAR(lib[i], ind[i], std::abs(ind[i]) * 1e-6) << microscale::name(mode) << " element " << i;
+    }
+  }
+}
+
+// Three-level nvfp4 mse also searches the global scale: the chosen one is one of the candidates,
+// and the total error is at most round-to-nearest's.
+TEST(ScaleSearch, MseThreeLevelNeverWorseInTotal) {
+  const std::vector<float> x = make_data(64 * 256, Dist::student_t3, 5);
+  const float amax = microscale::global_scale(view(x, {64, 256}));
+  const Quantized rtn = microscale::quantize(view(x, {64, 256}), spec_of(Mode::nvfp4, ScaleSearch::none, amax));
+  const Quantized mse = microscale::quantize(view(x, {64, 256}), spec_of(Mode::nvfp4, ScaleSearch::mse, amax));
+  ASSERT_TRUE(mse.spec.global_scale.has_value());
+  const float g = *mse.spec.global_scale;
+  EXPECT_TRUE(g == amax || g == amax * 1.03125f || g == amax * 1.0625f || g == amax * 1.09375f) << g;
+  EXPECT_LE(total(block_sq_errors(decode_fp4(mse), x, 16)), total(block_sq_errors(decode_fp4(rtn), x, 16)));
+}
+
+// A heavy-tailed weight matrix (Gaussian rows times a log-normal spread): mse lowers nvfp4's
+// weight error by at least 5% relative to round-to-nearest (the target), two- and three-level.
+TEST(ScaleSearch, MseLowersHeavyTailedWeightError) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> w(256 * 1024);
+  for (float& v : w) v = normal(rng) * std::exp(1.0f * normal(rng));
+  const TensorView wv = view(w, {256, 1024});
+  const float amax = microscale::global_scale(wv);
+  for (const std::optional<float> g : {std::optional<float>{}, std::optional<float>{amax}}) {
+    const double er =
+        total(block_sq_errors(decode_fp4(microscale::quantize(wv, spec_of(Mode::nvfp4, ScaleSearch::none, g))), w, 16));
+    const double em =
+        total(block_sq_errors(decode_fp4(microscale::quantize(wv, spec_of(Mode::nvfp4, ScaleSearch::mse, g))), w, 16));
+    RecordProperty(g ? "three_level_ratio" : "two_level_ratio", std::to_string(em / er));
+    EXPECT_LE(em, 0.95 * er) << (g ? "three-level" : "two-level") << " mse/rtn = " << em / er;
+  }
+}
+
+// Every backend configuration gives the same bytes and global scale (the global search included).
+TEST(ScaleSearch, SameBytesOnEveryBackend) {
+  const std::vector<float> x = make_data(33 * 128, Dist::student_t3, 9);
+  const float amax = microscale::global_scale(view(x, {33, 128}));
+  const QuantSpec specs[] = {spec_of(Mode::nvfp4, ScaleSearch::mse, amax), spec_of(Mode::nvfp4, ScaleSearch::mse),
+                             spec_of(Mode::nvfp4, ScaleSearch::four_over_six, amax),
+                             spec_of(Mode::mxfp4, ScaleSearch::mse)};
+  for (const QuantSpec& s : specs) {
+    std::optional<Quantized> first;
+    for (const BackendConfig& b : backend_configs()) {
+      UseBackend use(b);
+      Quantized q = microscale::quantize(view(x, {33, 128}), s);
+      if (!first) {
+        first = std::move(q);
+        continue;
+      }
+      EXPECT_EQ(bytes(q.packed), bytes(first->packed)) << b.label;
+      EXPECT_EQ(bytes(q.scales), bytes(first->scales)) << b.label;
+      EXPECT_EQ(q.spec.global_scale, first->spec.global_scale) << b.label;
+    }
+  }
+}
+
+void expect_error(const std::function<void()>& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected one containing: " << part;
+  } catch (const microscale::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(ScaleSearch, RejectsModesWithoutIt) {
+  const std::vector<float> x(64, 1.0f);
+  expect_error([&] { microscale::quantize(view(x, {64}), spec_of(Mode::mxfp4, ScaleSearch::four_over_six)); },
+               "scale_search '4over6' is only defined for nvfp4, not mxfp4");
+  expect_error([&] { microscale::quantize(view(x, {64}), spec_of(Mode::mxfp8, ScaleSearch::mse)); },
+               "scale_search 'mse' is only defined for nvfp4 and mxfp4, not mxfp8");
+  expect_error([&] { microscale::quantize(view(x, {64}), spec_of(Mode::affine, ScaleSearch::mse)); }, "not affine");
+  expect_error(
+      [&] {
+        microscale::qqmm(view(x, {1, 64}), view(x, {1, 64}), nullptr, spec_of(Mode::nvfp4, ScaleSearch::mse));
+      },
+      "qqmm: scale_search is an option of quantize");
+  expect_error([] { microscale::scale_search_from_name("best"); },
+               "unknown scale_search 'best' (expected one of none, 4over6, mse)");
+  EXPECT_EQ(microscale::scale_search_from_name("4over6"), ScaleSearch::four_over_six);
+}
+
+}  // namespace
