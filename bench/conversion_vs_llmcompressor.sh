@@ -127,6 +127,28 @@ for m in modules:
     sim = ((amax / 6) * gs).to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1).numpy()
     repro += bool(np.array_equal(sim, theirs[m + ".weight_scale"][2]))
 print(f"llm-compressor's weight_scale reproduced from the source by the bf16 rule: {repro} of {len(modules)} layers")
+# Codes that differ although the global scale and the block scale are the same bytes: where does
+# compressed-tensors' x / (scale / global_scale) (float32) fall? Distance to the nearest midpoint
+# between two E2M1 magnitudes, relative to the value.
+mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+n_diff, worst = 0, 0.0
+for m in modules:
+    if not np.array_equal(ours[m + ".weight_global_scale"][2], theirs[m + ".weight_global_scale"][2]):
+        continue
+    w = src[m + ".weight"].get_tensor(m + ".weight").float()
+    codes = [torch.from_numpy(d[m + ".weight_packed"][2].copy()).long() for d in (ours, theirs)]
+    ca, cb = (torch.stack([c & 15, c >> 4], -1).reshape(w.shape) for c in codes)
+    sa, sb = (torch.from_numpy(d[m + ".weight_scale"][2].copy()) for d in (ours, theirs))
+    same_scale = (sa == sb).reshape(w.shape[0], -1).repeat_interleave(16, 1)
+    diff = (ca != cb) & same_scale & ~(((ca & 7) == 0) & ((cb & 7) == 0))  # +0 and -0 are the same
+    gs = torch.from_numpy(theirs[m + ".weight_global_scale"][2].view(np.float32).copy())
+    scale = (sb.view(torch.float8_e4m3fn).float().reshape(w.shape[0], -1) / gs).repeat_interleave(16, 1)
+    r = (w / scale).abs()[diff]
+    n_diff += int(diff.sum())
+    if r.numel():
+        worst = max(worst, float(((r.unsqueeze(-1) - mids).abs().min(-1).values / r).max()))
+print(f"layers with equal global scales: {n_diff} codes differ in blocks of equal scale; the largest relative "
+      f"distance of compressed-tensors' x / (scale / global_scale) from an E2M1 rounding midpoint there: {worst}")
 qa, qb = (json.load(open(os.path.join(d, "config.json")))["quantization_config"] for d in sys.argv[1:3])
 print("quantization_config equal:", qa == qb)
 print("ignore lists: ours", qa.get("ignore"), "theirs", qb.get("ignore"))
