@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "io/layout.hpp"
+#include "io/weight_rules.hpp"
 
 namespace microscale::io::ck {
 
@@ -101,7 +102,11 @@ Json quantization_args(bool nv, int group, Json dynamic, const char* observer) {
           {"zp_dtype", nullptr}};
 }
 
-Json write_config(Json& config, const Scheme& common, const Json& ignore, const QuantMeta& meta) {
+Json write_config(Json& config, const Scheme& common, const Json& kept, const QuantMeta& meta) {
+  // llm-compressor lists the Linear modules it left alone, not the embeddings (not Linear).
+  Json ignore = Json::array();
+  for (const Json& m : kept)
+    if (!is_embedding(m.get<std::string>())) ignore.push_back(m);
   const bool nv = common.mode == Mode::nvfp4;
   const char* format = nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized";
   // The weights' scales come from each block's absolute maximum, as llm-compressor's memoryless

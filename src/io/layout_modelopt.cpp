@@ -65,7 +65,7 @@ void emit_modelopt(const Layer& l, std::vector<Out>& out) {
 // quantization_config is what its convert_hf_quant_config_format makes of that (compressed-tensors
 // style config_groups; no kv_cache_scheme when the KV cache is not quantized).
 Json write_config(Json& config, const Scheme&, const Json& unsorted_ignore, const QuantMeta& meta) {
-  Json ignore = unsorted_ignore;  // ModelOpt lists exclude_modules sorted
+  Json ignore = unsorted_ignore;  // ModelOpt lists exclude_modules sorted, embeddings included
   std::sort(ignore.begin(), ignore.end());
   // quant_algo NVFP4 is W4A4 and needs input_scale for every layer; W4A16_NVFP4 is weight-only.
   const std::string algo = meta.w4a4 ? "NVFP4" : "W4A16_NVFP4";

@@ -27,7 +27,6 @@ if not os.access(CLI, os.X_OK):
     pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
 
 LLAMA = os.path.join(ROOT, "tests", "fixtures", "llama")
-QWEN3_MOE = os.path.join(ROOT, "tests", "fixtures", "qwen3_moe")
 PRODUCER_VERSION = re.compile(r"microscale-\d+\.\d+\.\d+")
 
 
@@ -107,21 +106,27 @@ def test_modelopt_configs_are_modelopts(tmp_path, w4a4):
     assert list(hf) == ["producer", "quantization"]
     assert hf["producer"]["name"] == "modelopt"
     assert PRODUCER_VERSION.fullmatch(hf["producer"]["version"])
+    # ModelOpt lists the embedding too (it attaches a disabled quantizer to it), sorted.
+    excluded = ["lm_head", "model.embed_tokens"]
     assert hf["quantization"] == {"quant_algo": algo, "kv_cache_quant_algo": None, "group_size": 16,
-                                  "exclude_modules": ["lm_head"]}
+                                  "exclude_modules": excluded}
 
     # convert_hf_quant_config_format's output: no group_size / exclude_modules / kv_cache keys at the
     # top level (kv_cache_scheme only when the KV cache is quantized).
     q = load(out / "config.json")["quantization_config"]
-    assert q == {"config_groups": {"group_0": modelopt_group(w4a4)}, "ignore": ["lm_head"], "quant_algo": algo,
+    assert q == {"config_groups": {"group_0": modelopt_group(w4a4)}, "ignore": excluded, "quant_algo": algo,
                  "producer": hf["producer"], "quant_method": "modelopt"}
 
 
-def test_modelopt_exclude_modules_are_sorted(tmp_path):
-    out = quantize(tmp_path, QWEN3_MOE, "nvfp4", "modelopt")
+@pytest.mark.parametrize("arch", ["gemma2", "qwen3_moe"])
+def test_modelopt_exclude_modules_are_sorted(tmp_path, arch):
+    # ModelOpt sorts exclude_modules. gemma2 ties its lm_head (listed although it has no weight),
+    # qwen3_moe has routers; both have an embedding.
+    fixture = os.path.join(ROOT, "tests", "fixtures", arch)
+    out = quantize(tmp_path, fixture, "nvfp4", "modelopt")
     excluded = load(out / "hf_quant_config.json")["quantization"]["exclude_modules"]
-    routers = sorted({n[: -len(".weight")] for n in header(os.path.join(QWEN3_MOE, "model.safetensors"))
-                      if n.endswith("mlp.gate.weight")})
-    assert routers, "the fixture has MoE routers"
-    assert excluded == sorted(["lm_head", *routers])
+    names = header(os.path.join(fixture, "model.safetensors"))
+    kept = {n[: -len(".weight")] for n in names if n.endswith(("mlp.gate.weight", "embed_tokens.weight"))}
+    assert "model.embed_tokens" in kept
+    assert excluded == sorted(["lm_head", *kept])
     assert load(out / "config.json")["quantization_config"]["ignore"] == excluded
