@@ -7,17 +7,18 @@ scripts/test-ecosystem.sh, which sets up the virtual environments).
 
 For each fixture (GPT-2 is skipped: microscale refuses Conv1D weights):
 - compressed-tensors exports (nvfp4, mxfp4): compressed-tensors' QuantizationConfig and
-  ModelCompressor accept the config; transformers' from_pretrained decompresses the export and a
+  ModelCompressor accept the config, whose group equals compressed-tensors' preset scheme
+  (NVFP4A16, NVFP4, MXFP4A16) but for the observer; transformers' from_pretrained decompresses the export and a
   forward pass gives logits equal, bit for bit, to those of the bf16 model from_pretrained loads
   from `microscale dequantize` of the same export.
-- ModelOpt export (nvfp4): ModelOpt's convert_hf_quant_config_format accepts hf_quant_config.json
-  and gives the quant_algo, group size and ignore list of our config.json.
+- ModelOpt export (nvfp4): ModelOpt's convert_hf_quant_config_format (what its export writes into
+  config.json) turns our hf_quant_config.json into exactly our config.json quantization_config.
 - MLX exports (nvfp4, mxfp4, mxfp8, affine4): mlx-lm's load_model builds the model and
   mx.dequantize of every quantized layer (per expert for switch layers) equals microscale's
   dequantized weight bit for bit.
 - llm-compressor (its own venv: it pins older torch, transformers and compressed-tensors): that
   compressed-tensors accepts the configs, and its data-free NVFP4A16 oneshot writes the same
-  tensors (names, dtypes, shapes) and ignore list as microscale's nvfp4 export.
+  tensors (names, dtypes, shapes), quantization_config and ignore list as microscale's nvfp4 export.
 Prints one line per check: PASS, FAIL, KNOWN where the ecosystem fails the same way on its own
 outputs or on the unquantized source, or DIFF where llm-compressor's output differs (the reason
 or the differences are printed); exits 1 on any FAIL.
@@ -89,16 +90,37 @@ class Known(Exception):
     """A failure the ecosystem's own outputs show too (reported, not counted as microscale's)."""
 
 
+# compressed-tensors' preset scheme that each of our formats writes (llm-compressor's scheme names).
+CT_PRESETS = {("nvfp4-pack-quantized", False): "NVFP4A16", ("nvfp4-pack-quantized", True): "NVFP4",
+              ("mxfp4-pack-quantized", False): "MXFP4A16"}
+
+
 def check_ct_config(q):
+    """compressed-tensors' QuantizationConfig and ModelCompressor parse the config, and its group is
+    compressed-tensors' own preset scheme for the format (NVFP4A16, NVFP4 or MXFP4A16) field for field,
+    except the observer, which llm-compressor fills in when it calibrates, and a symmetric scheme's
+    zero-point dtype."""
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import QuantizationConfig
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
     qc = config(q)["quantization_config"]
     parsed = QuantizationConfig.model_validate(qc)
     assert ModelCompressor.from_compression_config(CompressedTensorsConfig.from_dict(qc)) is not None
     assert sorted(parsed.ignore) == sorted(qc["ignore"])
-    return f"QuantizationConfig and ModelCompressor accept it (format {parsed.format})"
+    got = parsed.config_groups["group_0"]
+    preset = CT_PRESETS[(parsed.format, got.input_activations is not None)]
+    want = preset_name_to_scheme(preset, ["Linear"])
+    assert got.targets == want.targets
+    for part in ("weights", "input_activations", "output_activations"):
+        w, g = getattr(want, part), getattr(got, part)
+        assert (w is None) == (g is None), part
+        if w is not None:
+            # Symmetric schemes have no zero point: compressed-tensors serializes zp_dtype as null and
+            # fills in a default when it parses, so only the other fields can be compared.
+            unchecked = {"observer": g.observer, **({"zp_dtype": g.zp_dtype} if g.symmetric else {})}
+            assert w.model_copy(update=unchecked) == g, f"{part}: ours {g}, preset {preset} {w}"
+    return f"QuantizationConfig and ModelCompressor accept it (format {parsed.format}, preset {preset})"
 
 
 def bf16_ulps(a, b):
@@ -153,15 +175,15 @@ def check_transformers(fixture, q, d):
 
 
 def check_modelopt_config(q):
+    """ModelOpt's convert_hf_quant_config_format, which its own export uses to write config.json,
+    makes exactly our config.json quantization_config from our hf_quant_config.json."""
     from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
 
     ours = config(q)["quantization_config"]
     conv = convert_hf_quant_config_format(config(q, "hf_quant_config.json"))
     assert "config_groups" in conv, f"quant_algo {ours.get('quant_algo')} not recognised"
-    assert conv["quant_algo"] == ours["quant_algo"]
-    assert conv["config_groups"]["group_0"]["weights"]["group_size"] == ours["group_size"]
-    assert sorted(conv["ignore"]) == sorted(ours["ignore"])
-    return f"convert_hf_quant_config_format accepts it ({conv['quant_algo']}, ignore {len(conv['ignore'])})"
+    assert conv == ours, f"ModelOpt's conversion {conv}, ours {ours}"
+    return f"convert_hf_quant_config_format gives our config.json form ({conv['quant_algo']}, ignore {len(conv['ignore'])})"
 
 
 # mlx-lm's switch_mlp projection names for the per-expert names of the checkpoints (Mixtral's w1/w2/w3).
@@ -244,8 +266,9 @@ def np_ulps(a, b):
 
 def check_llmcompressor(fixture, q, work):
     """llm-compressor's data-free NVFP4A16 oneshot on the same fixture, with the ignore list its
-    MoE examples use (lm_head, the routers): the same tensors (names, dtypes, shapes) and the same
-    ignore list as microscale's nvfp4 compressed-tensors export."""
+    MoE examples use (lm_head, the routers): the same tensors (names, dtypes, shapes), the same
+    quantization_config field for field and the same ignore list as microscale's nvfp4
+    compressed-tensors export."""
     import torch
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
@@ -270,10 +293,15 @@ def check_llmcompressor(fixture, q, work):
         diffs.append("dtype/shape: " + ", ".join(f"{k} ours {a[k][0]} theirs {b[k][0]}" for k in sorted(typed)[:3]))
     if ig[0] != ig[1]:
         diffs.append(f"ignore lists: ours {ig[0]}, llm-compressor's {ig[1]}")
+    qa, qb = (dict(config(d)["quantization_config"], ignore=None) for d in (q, out))
+    if qa != qb:
+        fields = sorted(k for k in set(qa) | set(qb) if qa.get(k) != qb.get(k))
+        diffs.append(f"quantization_config fields {fields}: ours {[qa.get(k) for k in fields]}, "
+                     f"llm-compressor's {[qb.get(k) for k in fields]}")
     if diffs:
         raise Differs("; ".join(diffs))
     same = sum(a[k][2] == b[k][2] for k in a)
-    return f"same {len(a)} tensors (names, dtypes, shapes) and ignore list; {same} byte-identical"
+    return f"same {len(a)} tensors (names, dtypes, shapes), quantization_config and ignore list; {same} byte-identical"
 
 
 class Differs(Exception):

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "io/layout.hpp"
+#include "io/weight_rules.hpp"
 
 namespace microscale::io::ck {
 
@@ -82,31 +83,51 @@ void emit_ct(const Layer& l, std::vector<Out>& out) {
   }
 }
 
-Json write_config(Json& config, const Scheme& common, const Json& ignore, const QuantMeta& meta) {
+// The compressed-tensors release whose config form this follows (llm-compressor 0.14 writes it).
+constexpr const char* kCompressedTensorsVersion = "0.19.0";
+
+// One QuantizationArgs block with every field llm-compressor 0.14 serializes.
+Json quantization_args(bool nv, int group, Json dynamic, const char* observer) {
+  return {{"actorder", nullptr},
+          {"block_structure", nullptr},
+          {"dynamic", std::move(dynamic)},
+          {"group_size", group},
+          {"num_bits", 4},
+          {"observer", observer},
+          {"observer_kwargs", Json::object()},
+          {"scale_dtype", nv ? "torch.float8_e4m3fn" : "torch.uint8"},
+          {"strategy", nv ? "tensor_group" : "group"},
+          {"symmetric", true},
+          {"type", "float"},
+          {"zp_dtype", nullptr}};
+}
+
+Json write_config(Json& config, const Scheme& common, const Json& kept, const QuantMeta& meta) {
+  // llm-compressor lists the Linear modules it left alone, not the embeddings (not Linear).
+  Json ignore = Json::array();
+  for (const Json& m : kept)
+    if (!is_embedding(m.get<std::string>())) ignore.push_back(m);
   const bool nv = common.mode == Mode::nvfp4;
-  Json w = {{"num_bits", 4},
-            {"type", "float"},
-            {"strategy", nv ? "tensor_group" : "group"},
-            {"group_size", common.group},
-            {"symmetric", true},
-            {"dynamic", false},
-            {"scale_dtype", nv ? "float8_e4m3fn" : "uint8"}};
-  Json g = {{"targets", Json::array({"Linear"})}, {"weights", w}};
-  if (meta.w4a4) {
-    Json a = w;
-    a["dynamic"] = "local";  // per-block activation scales at run time, static global scale
-    g["input_activations"] = a;
-  } else {
-    g["input_activations"] = nullptr;  // weight-only: NVFP4A16 / MXFP4A16
-  }
-  g["output_activations"] = nullptr;
-  g["format"] = nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized";
-  config["quantization_config"] = {{"quant_method", "compressed-tensors"},
-                                   {"format", nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized"},
-                                   {"quantization_status", "compressed"},
-                                   {"config_groups", {{"group_0", g}}},
+  const char* format = nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized";
+  // The weights' scales come from each block's absolute maximum, as llm-compressor's memoryless
+  // min-max observer; W4A4 activations carry a static global scale from calibration (static min-max)
+  // and per-block scales computed at run time ("local").
+  Json g = {{"format", format},
+            {"input_activations", meta.w4a4 ? quantization_args(nv, common.group, "local", "static_minmax") : nullptr},
+            {"output_activations", nullptr},
+            {"targets", Json::array({"Linear"})},
+            {"weights", quantization_args(nv, common.group, false, "memoryless_minmax")}};
+  config["quantization_config"] = {{"config_groups", {{"group_0", g}}},
+                                   {"format", format},
+                                   // llm-compressor leaves the ratio unset (null) for quantized-only models.
+                                   {"global_compression_ratio", nullptr},
                                    {"ignore", ignore},
-                                   {"kv_cache_scheme", nullptr}};
+                                   {"kv_cache_scheme", nullptr},
+                                   {"quant_method", "compressed-tensors"},
+                                   {"quantization_status", "compressed"},
+                                   {"sparsity_config", Json::object()},
+                                   {"transform_config", Json::object()},
+                                   {"version", kCompressedTensorsVersion}};
   return nullptr;
 }
 

@@ -2,6 +2,7 @@
 //   <m>.weight U8 [N, K/2], <m>.weight_scale F8_E4M3 [N, K/16], <m>.weight_scale_2 F32 [] =
 //   amax/2688 (the decode factor), <m>.input_scale F32 [] (W4A4 only); hf_quant_config.json and
 //   config.json quantization_config.
+#include <algorithm>
 #include <cmath>
 
 #include "io/layout.hpp"
@@ -61,16 +62,30 @@ void emit_modelopt(const Layer& l, std::vector<Out>& out) {
   if (l.act) out.push_back(scalar(m + ".input_scale", {}, l.act->as(kDecodeFactor)));
 }
 
-Json write_config(Json& config, const Scheme&, const Json& ignore, const QuantMeta& meta) {
+// ModelOpt 0.47's export: hf_quant_config.json holds `producer` and `quantization`, and config.json's
+// quantization_config is what its convert_hf_quant_config_format makes of that (compressed-tensors
+// style config_groups; no kv_cache_scheme when the KV cache is not quantized).
+Json write_config(Json& config, const Scheme&, const Json& unsorted_ignore, const QuantMeta& meta) {
+  Json ignore = unsorted_ignore;  // ModelOpt lists exclude_modules sorted, embeddings included
+  std::sort(ignore.begin(), ignore.end());
   // quant_algo NVFP4 is W4A4 and needs input_scale for every layer; W4A16_NVFP4 is weight-only.
   const std::string algo = meta.w4a4 ? "NVFP4" : "W4A16_NVFP4";
+  const int group = numerics::kNvfp4Group;
   Json producer = {{"name", "modelopt"}, {"version", "microscale-" MICROSCALE_CKPT_VERSION}};
-  config["quantization_config"] = {
-      {"quant_method", "modelopt"}, {"quant_algo", algo}, {"group_size", 16},    {"kv_cache_quant_algo", nullptr},
-      {"exclude_modules", ignore},  {"ignore", ignore},   {"producer", producer}};
-  return {{"producer", producer},
-          {"quantization",
-           {{"quant_algo", algo}, {"kv_cache_quant_algo", nullptr}, {"group_size", 16}, {"exclude_modules", ignore}}}};
+  const Json fp4 = {{"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", group}};
+  Json g = Json::object();
+  if (meta.w4a4) g["input_activations"] = fp4;
+  g["weights"] = fp4;
+  g["targets"] = Json::array({"Linear"});
+  config["quantization_config"] = {{"config_groups", {{"group_0", g}}},
+                                   {"ignore", ignore},
+                                   {"quant_algo", algo},
+                                   {"producer", producer},
+                                   {"quant_method", "modelopt"}};
+  return {
+      {"producer", producer},
+      {"quantization",
+       {{"quant_algo", algo}, {"kv_cache_quant_algo", nullptr}, {"group_size", group}, {"exclude_modules", ignore}}}};
 }
 
 }  // namespace

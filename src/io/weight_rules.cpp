@@ -59,8 +59,12 @@ std::string owner_module(const std::string& name) {
   return dot == std::string::npos ? name : name.substr(0, dot);
 }
 
+bool is_embedding(const std::string& module) {
+  return default_keep(module + ".weight", Shape{1, 1}, StDType::bf16) == Keep::embedding;
+}
+
 void add_ignored(std::vector<std::string>& ignore, const std::string& module, Keep k) {
-  if (k == Keep::embedding || k == Keep::norm) return;
+  if (k == Keep::norm) return;
   if (std::find(ignore.begin(), ignore.end(), module) == ignore.end()) ignore.push_back(module);
 }
 

@@ -31,9 +31,12 @@ bool looks_like_weight(std::string_view name, const Shape& shape);
 std::string owner_module(const std::string& name);
 
 // Adds `module`, left in high precision for reason `k`, to the configs' ignore list once, when
-// loaders would otherwise take it for a quantized Linear: every kind of Linear weight (embeddings
-// and norms are not Linear layers, so no loader looks them up).
+// loaders would otherwise take it for a quantized Linear: every kind of Linear weight, and the
+// embeddings, which ModelOpt lists too (norms are not listed by anyone). Layouts whose loaders
+// look up Linear modules only drop the embeddings again (`is_embedding`).
 void add_ignored(std::vector<std::string>& ignore, const std::string& module, Keep k);
+// Whether the module's name makes it an embedding table (`default_keep`'s rule).
+bool is_embedding(const std::string& module);
 // Adds "lm_head" when the model ties its output projection to the embedding (config
 // `tie_word_embeddings`, or its `text_config`'s) and `quantized` does not hold it: such a checkpoint
 // stores no lm_head weight, yet loaders build an lm_head Linear from the config and would take it

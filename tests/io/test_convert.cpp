@@ -154,7 +154,7 @@ TEST(Convert, CompressedTensorsNvfp4Layout) {
   const Json& w = qc["config_groups"]["group_0"]["weights"];
   EXPECT_EQ(w["strategy"], "tensor_group");
   EXPECT_EQ(w["group_size"], 16);
-  EXPECT_EQ(w["scale_dtype"], "float8_e4m3fn");
+  EXPECT_EQ(w["scale_dtype"], "torch.float8_e4m3fn");
   EXPECT_TRUE(qc["config_groups"]["group_0"]["input_activations"].is_null());
   EXPECT_TRUE(fs::exists(m.dir.path() / "ct" / "tokenizer.json"));
   EXPECT_FALSE(fs::exists(m.dir.path() / "ct" / "hf_quant_config.json"));

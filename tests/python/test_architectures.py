@@ -165,7 +165,7 @@ def ignore_lists(d, export):
     if export == "modelopt":
         hf = json.load(open(os.path.join(d, "hf_quant_config.json")))
         q = cfg["quantization_config"]
-        return [q["exclude_modules"], q["ignore"], hf["quantization"]["exclude_modules"]]
+        return [q["ignore"], hf["quantization"]["exclude_modules"]]
     return []
 
 
