@@ -84,13 +84,14 @@ def _as_array(a, what):
     """A numpy array for ``a``: numpy arrays as they are; torch tensors and other DLPack
     producers (MLX, JAX, CuPy host arrays) as a view of their memory, no copy; anything else
     through np.asarray."""
-    if isinstance(a, np.ndarray):
+    kind = _kind_of(a)
+    if kind is OutType.numpy and type(a) is np.ndarray:
         arr = a
         if arr.flags.c_contiguous and arr.dtype.isnative:
             return arr
-    elif _kind_of(a) is OutType.torch and a.is_cpu:
+    elif kind is OutType.torch and a.is_cpu:
         arr = _torch_view(a, what)
-        if arr.flags.c_contiguous:
+        if a.is_contiguous():
             return arr
     elif hasattr(type(a), "__dlpack__"):
         # torch refuses to export a tensor that requires grad; these functions are not
@@ -111,18 +112,34 @@ def _as_array(a, what):
     return arr
 
 
+# The torch module, bound the first time a torch tensor is seen: microscale never imports torch
+# itself, and a module attribute is cheaper than an import statement on every call.
+_torch = None
+
+
+def _torch_module():
+    global _torch
+    if _torch is None:
+        import torch
+
+        _torch = torch
+    return _torch
+
+
 def _torch_view(t, what):
     """A CPU torch tensor as numpy, sharing its memory: torch's own numpy bridge is DLPack's
     zero-copy import at a fraction of its per-call cost. bfloat16 comes back as
     ml_dtypes.bfloat16, the float8 types as their uint8 codes; other dtypes go through DLPack."""
-    import torch
-
+    torch = _torch_module()
     if t.requires_grad:
         t = t.detach()
+    dtype = t.dtype
     try:
-        if t.dtype == torch.bfloat16:
+        if dtype is torch.float32 or dtype is torch.float16:
+            return t.numpy()
+        if dtype is torch.bfloat16:
             return t.view(torch.int16).numpy().view(_BF16)
-        if t.element_size() == 1 and str(t.dtype).startswith("torch.float8_"):
+        if t.element_size() == 1 and str(dtype).startswith("torch.float8_"):
             return t.view(torch.uint8).numpy()
         return t.numpy()
     except (TypeError, RuntimeError):
@@ -137,17 +154,26 @@ class OutType(enum.Enum):
     mlx = "mlx"
 
 
+_KIND_OF_TYPE = {np.ndarray: OutType.numpy}
+
+
 def _kind_of(a):
     """The OutType matching ``a``'s array type: torch and MLX arrays come back as their own type,
-    everything else (numpy, JAX, other DLPack producers) as numpy."""
-    if type(a) is np.ndarray:
-        return OutType.numpy
-    module = type(a).__module__
-    if module.startswith("torch"):
-        return OutType.torch
-    if module.startswith("mlx"):
-        return OutType.mlx
-    return OutType.numpy
+    everything else (numpy, JAX, other DLPack producers) as numpy. Cached per type: this runs on
+    every call."""
+    cls = type(a)
+    kind = _KIND_OF_TYPE.get(cls)
+    if kind is None:
+        module = cls.__module__
+        if module.startswith("torch"):
+            kind = OutType.torch
+        elif module.startswith("mlx"):
+            kind = OutType.mlx
+        else:
+            kind = OutType.numpy
+        if len(_KIND_OF_TYPE) < 64:
+            _KIND_OF_TYPE[cls] = kind
+    return kind
 
 
 def _out_kind(out_type, source):
@@ -167,25 +193,30 @@ def _deliver(result, kind):
     bfloat16 crosses as its 16-bit pattern: ml_dtypes' arrays do not export through DLPack."""
     if kind is OutType.numpy:
         return result
-    if isinstance(result, tuple):
-        return tuple([_deliver(r, kind) for r in result])
-    bf16 = result.itemsize == 2 and result.dtype == _BF16
     if kind is OutType.torch:
         try:
-            import torch
+            torch = _torch_module()
         except ImportError:
             raise ImportError("out_type='torch' needs torch: pip install torch") from None
-
-        # torch.from_numpy shares the buffer as torch.from_dlpack would, at a fraction of the cost.
-        if bf16:
-            return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(result)
+        if isinstance(result, tuple):
+            return tuple([_to_torch(torch, r) for r in result])
+        return _to_torch(torch, result)
+    if isinstance(result, tuple):
+        return tuple([_deliver(r, kind) for r in result])
     try:
         import mlx.core as mx
     except ImportError:
         raise ImportError("out_type='mlx' needs MLX: pip install mlx") from None
+    bf16 = result.dtype == _BF16
     out = mx.from_dlpack(result.view(np.uint16) if bf16 else result)
     return out.view(mx.bfloat16) if bf16 else out
+
+
+def _to_torch(torch, result):
+    # torch.from_numpy shares the buffer as torch.from_dlpack would, at a fraction of the cost.
+    if result.dtype == _BF16:
+        return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(result)
 
 
 def _float_input(a, what):

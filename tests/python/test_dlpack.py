@@ -287,6 +287,7 @@ def test_torch_checkpoint_tensors_keep_their_dtype(tmp_path, rng):
 
 def test_out_type_of_a_missing_package(monkeypatch, rng):
     w = rng.standard_normal((2, 32)).astype(np.float32)
+    monkeypatch.setattr(microscale, "_torch", None)  # forget a torch bound by earlier tests
     for name, module in (("torch", "torch"), ("mlx", "mlx.core")):
         monkeypatch.setitem(__import__("sys").modules, module, None)  # import fails as if absent
         with pytest.raises(ImportError, match=f"out_type='{name}' needs"):
