@@ -157,10 +157,10 @@ class BertConfig:
         with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
         # The forward below implements exactly this variant; refuse others rather than guess.
-        if cfg.get("hidden_act") != "gelu" or cfg.get("position_embedding_type",
-                                                       "absolute") != "absolute":
+        act, positions = cfg.get("hidden_act"), cfg.get("position_embedding_type", "absolute")
+        if act != "gelu" or positions != "absolute":
             raise ValueError(f"{path}: needs hidden_act 'gelu' and absolute position embeddings, "
-                             f"got {cfg.get('hidden_act')!r}, {cfg.get('position_embedding_type')!r}")
+                             f"got {act!r}, {positions!r}")
         pooling_path = os.path.join(model_dir, "1_Pooling", "config.json")
         with open(pooling_path, encoding="utf-8") as f:
             pooling = json.load(f)
@@ -377,7 +377,8 @@ def embed(model: MiniLM, ids: np.ndarray, mask: np.ndarray,
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch * length, cfg.hidden)[slots]
-        x = norm(linear(p + "attention.output.dense", context) + x, p + "attention.output.LayerNorm")
+        x = norm(linear(p + "attention.output.dense", context) + x,
+                 p + "attention.output.LayerNorm")
         inner = gelu(linear(p + "intermediate.dense", x))
         x = norm(linear(p + "output.dense", inner) + x, p + "output.LayerNorm")
     pooled = padded(x).sum(1) / mask.sum(1, keepdims=True).astype(np.float32)

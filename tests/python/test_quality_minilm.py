@@ -1,6 +1,7 @@
 """bench/quality_minilm.py's own numpy model of all-MiniLM-L6-v2, checked against independent
-implementations: the `tokenizers` package's tokenizer and transformers' BertModel (each test skips
-with its reason where that package is missing), and the quantized forward's distance from float32."""
+implementations: the `tokenizers` package's tokenizer and transformers' BertModel (each test
+skips with its reason where that package is missing), and the quantized forward's distance from
+float32."""
 
 import importlib.util
 import os
