@@ -527,7 +527,8 @@ def main(argv=None) -> int:
     model = MiniLM.load(args.model_dir or default_model_dir())
 
     calibration_inputs: dict[str, list[np.ndarray]] = {}
-    embed(model, *model.batch(CALIBRATION_SENTENCES), linear_inputs=calibration_inputs)
+    calibration_batch = model.batch(CALIBRATION_SENTENCES)
+    embed(model, *calibration_batch, linear_inputs=calibration_inputs)
     hessians = {}
     for name, parts in calibration_inputs.items():
         x = np.concatenate(parts).astype(np.float64)
@@ -543,8 +544,8 @@ def main(argv=None) -> int:
     for fmt in FORMATS:
         for method in fmt.methods:
             if method is Method.GPTQ and not gptq_available():
-                print(f"note: {fmt.label}, gptq: column unavailable (this microscale has no "
-                      f"gptq)", file=sys.stderr)
+                print(f"note: {fmt.label}, gptq: skipped (this microscale has no gptq)",
+                      file=sys.stderr)
                 continue
             label = fmt.label if method is Method.RTN else f"{fmt.label}, {method.value}"
             rows.append(measure(label, fmt.bits_per_value, model,
@@ -553,8 +554,8 @@ def main(argv=None) -> int:
 
     print(f"all-MiniLM-L6-v2: {len(model.linear_names())} Linear weights quantized; "
           f"{len(EVAL_SENTENCES)} held-out sentences ({int(eval_batch[1].sum())} tokens), "
-          f"{len(CALIBRATION_SENTENCES)} calibration sentences; microscale "
-          f"{microscale.__version__}, {microscale.num_threads()} threads, "
+          f"{len(CALIBRATION_SENTENCES)} calibration sentences ({int(calibration_batch[1].sum())} "
+          f"tokens); microscale {microscale.__version__}, {microscale.num_threads()} threads, "
           f"{platform.machine()}; {time.perf_counter() - start:.1f} s")
     print()
     print(markdown(rows))

@@ -47,7 +47,8 @@ def model():
 
 
 def test_tokenizer_matches_tokenizers_package(model):
-    tokenizers = pytest.importorskip("tokenizers", reason="the tokenizers package is the oracle")
+    tokenizers = pytest.importorskip(
+        "tokenizers", reason="tokenizers is not installed: it is the oracle here")
     reference = tokenizers.Tokenizer.from_file(os.path.join(MODEL_DIR, "tokenizer.json"))
     reference.no_truncation()
     reference.no_padding()
@@ -56,9 +57,10 @@ def test_tokenizer_matches_tokenizers_package(model):
 
 
 def test_forward_matches_transformers(model):
-    torch = pytest.importorskip("torch", reason="transformers' BertModel (torch) is the oracle")
-    transformers = pytest.importorskip("transformers",
-                                       reason="transformers' BertModel is the oracle")
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed: transformers' BertModel is the oracle")
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed: its BertModel is the oracle")
     ids, mask = model.batch(qm.EVAL_SENTENCES)
     ours = qm.embed(model, ids, mask)
 
