@@ -214,7 +214,7 @@ def _deliver(result, kind):
 
 def _to_torch(torch, result):
     # torch.from_numpy shares the buffer as torch.from_dlpack would, at a fraction of the cost.
-    if result.dtype == _BF16:
+    if result.itemsize == 2 and result.dtype == _BF16:
         return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(result)
 
