@@ -331,14 +331,20 @@ void accumulate_hessian(const TensorView& x, std::span<double> hessian) {
                 " values for x of K = " + std::to_string(K) + ", got " + std::to_string(hessian.size()));
   std::int64_t rows = 0;
   const std::vector<double> xd = load_rows(x, &rows, K);
-  // Row i of H gets sum over samples s of x[s, i] * x[s, :], samples in order: H stays exactly
-  // symmetric, and the sums do not depend on the thread count.
+  // H[i, j] gets x[s, i] * x[s, j] for the samples s in order: H stays exactly symmetric, and the
+  // sums do not depend on the thread count. Tiles of samples and columns keep x's part in cache
+  // while a chunk of H's rows takes it.
+  constexpr std::int64_t kSamples = 64, kCols = 512;
   cpu::parallel_for(K, 16, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) {
-      double* hi = hessian.data() + i * K;
-      for (std::int64_t s = 0; s < rows; ++s) {
-        const double* xs = xd.data() + s * K;
-        axpy_add(hi, xs[i], xs, K);
+    for (std::int64_t s0 = 0; s0 < rows; s0 += kSamples) {
+      const std::int64_t s1 = std::min(rows, s0 + kSamples);
+      for (std::int64_t j0 = 0; j0 < K; j0 += kCols) {
+        const std::int64_t n = std::min(K, j0 + kCols) - j0;
+        for (std::int64_t i = b; i < e; ++i)
+          for (std::int64_t s = s0; s < s1; ++s) {
+            const double* xs = xd.data() + s * K;
+            axpy_add(hessian.data() + i * K + j0, xs[i], xs + j0, n);
+          }
       }
     }
   });
