@@ -331,22 +331,34 @@ void accumulate_hessian(const TensorView& x, std::span<double> hessian) {
                 " values for x of K = " + std::to_string(K) + ", got " + std::to_string(hessian.size()));
   std::int64_t rows = 0;
   const std::vector<double> xd = load_rows(x, &rows, K);
-  // H[i, j] gets x[s, i] * x[s, j] for the samples s in order: H stays exactly symmetric, and the
-  // sums do not depend on the thread count. Tiles of samples and columns keep x's part in cache
-  // while a chunk of H's rows takes it.
+  // The batch's X^T X, upper triangle only: D[i, j] (j >= i) sums x[s, i] * x[s, j] over the
+  // samples s in order, so the sums do not depend on the thread count. Tiles of samples and
+  // columns keep x's part in cache while a chunk of rows takes it. Adding D to both triangles
+  // keeps a symmetric H exactly symmetric.
+  std::vector<double> d(static_cast<std::size_t>(K * K), 0.0);
   constexpr std::int64_t kSamples = 64, kCols = 512;
   cpu::parallel_for(K, 16, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t s0 = 0; s0 < rows; s0 += kSamples) {
       const std::int64_t s1 = std::min(rows, s0 + kSamples);
-      for (std::int64_t j0 = 0; j0 < K; j0 += kCols) {
-        const std::int64_t n = std::min(K, j0 + kCols) - j0;
-        for (std::int64_t i = b; i < e; ++i)
+      for (std::int64_t j0 = b; j0 < K; j0 += kCols) {
+        const std::int64_t j1 = std::min(K, j0 + kCols);
+        for (std::int64_t i = b; i < e; ++i) {
+          const std::int64_t from = std::max(i, j0);
+          if (from >= j1) continue;
           for (std::int64_t s = s0; s < s1; ++s) {
             const double* xs = xd.data() + s * K;
-            axpy_add(hessian.data() + i * K + j0, xs[i], xs + j0, n);
+            axpy_add(d.data() + i * K + from, xs[i], xs + from, j1 - from);
           }
+        }
       }
     }
+  });
+  cpu::parallel_for(K, 64, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i)
+      for (std::int64_t j = 0; j < K; ++j) {
+        const double v = j >= i ? d[static_cast<std::size_t>(i * K + j)] : d[static_cast<std::size_t>(j * K + i)];
+        hessian[static_cast<std::size_t>(i * K + j)] += v;
+      }
   });
 }
 
