@@ -65,27 +65,42 @@ void axpy_add(double* y, double a, const double* x, std::int64_t n) {
 // upper Cholesky factor of H^-1 and costs two triangular passes instead of a Cholesky, an inverse
 // and a second Cholesky. `h` (the dampened H, upper triangle read) is overwritten by V.
 Matrix inverse_cholesky_upper(Matrix& h, std::int64_t K, double damp) {
+  // V[i][j] = (H[i][j] - sum_{k > j} V[i][k] V[j][k]) / V[j][j], columns j from the last down, in
+  // panels of kPanel columns: the sum's part over the finished columns (k >= the panel's end) is
+  // taken first for the whole panel, so each row's finished part is read once per panel instead
+  // of once per column; the rest, inside the panel, column by column.
   double* v = h.data();
-  for (std::int64_t j = K - 1; j >= 0; --j) {
-    double* vj = v + j * K;
-    const double d = vj[j] - dot(vj + j + 1, vj + j + 1, K - 1 - j);
-    if (!(d > 0.0) || !std::isfinite(d))
-      fail("hessian is not positive definite after dampening (damp " + std::to_string(damp) + ", pivot " +
-           std::to_string(j) + " of " + std::to_string(K) +
-           "); pass a larger damp, or accumulate H from more (and more varied) samples");
-    vj[j] = std::sqrt(d);
-    const double pivot = vj[j];
-    cpu::parallel_for(j, 64, [&](std::int64_t b, std::int64_t e) {
+  constexpr std::int64_t kPanel = 64;
+  for (std::int64_t j1 = K; j1 > 0;) {
+    const std::int64_t j0 = std::max<std::int64_t>(0, j1 - kPanel);
+    cpu::parallel_for(j1, 16, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t i = b; i < e; ++i) {
         double* vi = v + i * K;
-        vi[j] = (vi[j] - dot(vi + j + 1, vj + j + 1, K - 1 - j)) / pivot;
+        for (std::int64_t j = std::max(i, j0); j < j1; ++j) vi[j] -= dot(vi + j1, v + j * K + j1, K - j1);
       }
     });
+    for (std::int64_t j = j1 - 1; j >= j0; --j) {
+      double* vj = v + j * K;
+      const double d = vj[j] - dot(vj + j + 1, vj + j + 1, j1 - 1 - j);
+      if (!(d > 0.0) || !std::isfinite(d))
+        fail("hessian is not positive definite after dampening (damp " + std::to_string(damp) + ", pivot " +
+             std::to_string(j) + " of " + std::to_string(K) +
+             "); pass a larger damp, or accumulate H from more (and more varied) samples");
+      vj[j] = std::sqrt(d);
+      const double pivot = vj[j];
+      cpu::parallel_for(j, 64, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) {
+          double* vi = v + i * K;
+          vi[j] = (vi[j] - dot(vi + j + 1, vj + j + 1, j1 - 1 - j)) / pivot;
+        }
+      });
+    }
+    j1 = j0;
   }
   // Row c of U solves U[c] V = e_c: forward substitution in axpy form over the rows of V. Tiles
   // of rows share each V row while it is in cache.
   Matrix u(static_cast<std::size_t>(K * K), 0.0);
-  constexpr std::int64_t kTile = 8;
+  constexpr std::int64_t kTile = 32;
   cpu::parallel_for((K + kTile - 1) / kTile, 1, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t t = b; t < e; ++t) {
       const std::int64_t c0 = t * kTile, c1 = std::min(K, c0 + kTile);
