@@ -224,8 +224,7 @@ def test_matches_independent_float64_gptq(mode, group, bits, three):
         assert np.mean(np.asarray(parts[1]) == ref_s) >= 0.995
     # The output error the two reconstructions give agrees to 1e-6 relative (exactly, where every
     # code does).
-    amax_f = float(kw["global_scale"]) if three else None
-    ours = output_error(w, decode_independently(parts, mode, group, bits, amax_f), x_cal)
+    ours = output_error(w, decode_independently(parts, mode, group, bits, amax), x_cal)
     theirs = output_error(w, ref_values, x_cal)
     assert abs(ours - theirs) <= 1e-6 * theirs, (ours, theirs)
 
