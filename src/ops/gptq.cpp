@@ -222,8 +222,9 @@ Quantized gptq(const TensorView& w, const HessianView& hessian, const QuantSpec&
   ops::QuantizePlan p;
   try {
     p = ops::plan_quantize(ops::arg_of(w), spec);
-  } catch (const Error& e) {
-    fail(std::string("w: ") + e.what());
+  } catch (const Error& e) {  // quantize's message about w or the spec, as gptq's
+    const std::string m = e.what(), op = "quantize: ";
+    fail(m.starts_with(op) ? m.substr(op.size()) : m);
   }
   const std::int64_t N = w.shape[0], K = w.shape[1];
   const int G = p.spec.group_size;
