@@ -60,6 +60,38 @@ void axpy_add(double* y, double a, const double* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// Four rows w[0..3] (stride ldw) take a block's errors e[row][k] (stride lde) through the U rows
+// u[k] (stride ldu), k in order: w[r][j] -= e[r][k] * u[k][j], each step rounded, as axpy_sub
+// row by row would; done four k at a time per loaded value so that each w value is loaded and
+// stored once per four steps and each u value serves four rows.
+void update_4_rows(double* w, std::int64_t ldw, const double* e, std::int64_t lde, const double* u, std::int64_t ldu,
+                   std::int64_t nk, std::int64_t n) {
+  double* w0 = w;
+  double* w1 = w + ldw;
+  double* w2 = w + 2 * ldw;
+  double* w3 = w + 3 * ldw;
+  std::int64_t k = 0;
+  for (; k + 4 <= nk; k += 4) {
+    const double* u0 = u + k * ldu;
+    const double* u1 = u0 + ldu;
+    const double* u2 = u1 + ldu;
+    const double* u3 = u2 + ldu;
+    const double* e0 = e + k;
+    const double* e1 = e0 + lde;
+    const double* e2 = e1 + lde;
+    const double* e3 = e2 + lde;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double a = u0[j], b = u1[j], c = u2[j], d = u3[j];
+      w0[j] = (((w0[j] - e0[0] * a) - e0[1] * b) - e0[2] * c) - e0[3] * d;
+      w1[j] = (((w1[j] - e1[0] * a) - e1[1] * b) - e1[2] * c) - e1[3] * d;
+      w2[j] = (((w2[j] - e2[0] * a) - e2[1] * b) - e2[2] * c) - e2[3] * d;
+      w3[j] = (((w3[j] - e3[0] * a) - e3[1] * b) - e3[2] * c) - e3[3] * d;
+    }
+  }
+  for (; k < nk; ++k)
+    for (int r = 0; r < 4; ++r) axpy_sub(w + r * ldw, e[r * lde + k], u + k * ldu, n);
+}
+
 // U upper triangular with U^T U = H^-1, from the factorization H = V V^T with V upper triangular
 // (a Cholesky factorization run from the last index down), then U = V^-1. This is the unique
 // upper Cholesky factor of H^-1 and costs two triangular passes instead of a Cholesky, an inverse
@@ -318,8 +350,11 @@ Quantized gptq(const TensorView& w, const HessianView& hessian, const QuantSpec&
       // in use stay in cache across the rows of the chunk.
       for (std::int64_t j0 = b1; j0 < K; j0 += kColTile) {
         const std::int64_t n = std::min(K, j0 + kColTile) - j0;
-        for (std::int64_t k = b0; k < b1; ++k)
-          for (std::int64_t r = 0; r < R; ++r)
+        std::int64_t r = 0;
+        for (; r + 4 <= R; r += 4)
+          update_4_rows(wr + r * K + j0, K, err.data() + r * B, B, u.data() + b0 * K + j0, K, b1 - b0, n);
+        for (; r < R; ++r)
+          for (std::int64_t k = b0; k < b1; ++k)
             axpy_sub(wr + r * K + j0, err[static_cast<std::size_t>(r * B + (k - b0))], u.data() + k * K + j0, n);
       }
     }
