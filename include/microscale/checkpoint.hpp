@@ -52,6 +52,7 @@
 #include <string_view>
 #include <vector>
 
+#include "microscale/gptq.hpp"
 #include "microscale/io.hpp"
 #include "microscale/quantize.hpp"
 
@@ -127,6 +128,12 @@ struct QuantizeOptions {
   std::map<std::string, float> activation_amax;
   bool w4a4 = false;           // demand W4A4: refused unless activation_amax covers every layer
   bool measure_error = false;  // fill TensorReport::rel_error / sqnr_db (one dequantize per layer)
+  // GPTQ (microscale/gptq.hpp) for the layers this safetensors file holds H = X^T X for: [K, K]
+  // F32 or F64 tensors named by module ("model.layers.0.mlp.down_proj") or weight
+  // ("...down_proj.weight"); the other layers round to nearest. Empty: none. A name that matches
+  // no quantized layer, a wrong shape or dtype, and scale search together with it are errors.
+  std::filesystem::path hessians;
+  GptqOptions gptq;
   bool force = false;
   Part part;  // count 1: the whole checkpoint in this process
   ProgressFn progress;

@@ -4,6 +4,7 @@
 #include "microscale/codecs.hpp"
 #include "microscale/dtype.hpp"
 #include "microscale/format.hpp"
+#include "microscale/gptq.hpp"
 #include "microscale/io.hpp"
 #include "microscale/matmul.hpp"
 #include "microscale/quantize.hpp"

@@ -42,6 +42,8 @@ __all__ = [
     "quantize_dequantize",
     "OutType",
     "global_scale",
+    "gptq",
+    "accumulate_hessian",
     "swizzle_scales",
     "unswizzle_scales",
     "encode",
@@ -465,6 +467,71 @@ def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype=
     spec = _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale)
     return _deliver(_core.dequantize(pw, sw, bw, spec, _core.DType[out_name]),
                     _out_kind(out_type, w_q))
+
+
+def gptq(w, hessian, mode="nvfp4", group_size=None, bits=None, global_scale=None,
+         layout="compact", scale_rule="ceil", elem="e4m3", damp=0.01, block_size=128,
+         out_type=None):
+    """Quantize a weight with GPTQ: columns rounded in order, each rounding error compensated in
+    the later columns through the calibration statistics ``hessian`` (docs/numerics.md, "GPTQ").
+    The bytes are standard: :func:`dequantize` decodes the result like :func:`quantize`'s.
+
+    Args:
+      w: float32, float16 or bfloat16 weight ``[N, K]`` (a Linear layer's ``[out, in]``), finite.
+      hessian: ``H = X^T X`` of the layer's inputs ``X [samples, K]``, shape ``[K, K]``, float64
+        or float32 (e.g. from :func:`accumulate_hessian`); symmetric, finite.
+      mode, group_size, bits, layout, scale_rule, elem: as for :func:`quantize` (nvfp4, mxfp4,
+        mxfp8 or affine).
+      global_scale: nvfp4 only: three-level when given; pass the amax of the original weight
+        (``microscale.global_scale(w)``), as for :func:`quantize`.
+      damp: fraction of the mean diagonal of H added to the diagonal (default 0.01).
+      block_size: columns per lazy batch, a multiple of the group size (default 128).
+      out_type: None (results are w's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
+
+    Returns:
+      what :func:`quantize` returns for the mode: ``(w_q, scales)``, or ``(w_q, scales, biases)``
+      for affine.
+    """
+    arr = _float_input(w, "w")
+    spec = _spec(mode, group_size, bits, scale_rule, "propagate", layout, elem, global_scale)
+    h = _as_array(hessian, "hessian")
+    if h.dtype not in (np.float64, np.float32):
+        raise TypeError(f"hessian: unsupported dtype {h.dtype} (expected float64 or float32)")
+    h = np.ascontiguousarray(h, dtype=np.float64)
+    if isinstance(damp, bool) or not isinstance(damp, (int, float, np.floating, np.integer)):
+        raise TypeError(f"damp must be a number, got {type(damp).__name__}")
+    block_size = _opt_int(block_size, "block_size")
+    q = _core.gptq(arr, h, spec, float(damp), block_size)
+    parts = (q.packed, q.scales, q.biases) if spec.mode == _core.Mode.affine else (q.packed, q.scales)
+    return _deliver(parts, _out_kind(out_type, w))
+
+
+def accumulate_hessian(x, h=None):
+    """Accumulate ``H += X^T X`` for a batch of a layer's inputs, in float64.
+
+    Args:
+      x: float32, float16 or bfloat16 activations ``[..., K]`` (leading axes are samples).
+      h: None to start a new ``H``, or the float64 C-contiguous ``[K, K]`` numpy array of earlier
+        batches, updated in place.
+
+    Returns:
+      ``h``: float64 numpy array ``[K, K]`` (the same object when one was given).
+    """
+    arr = _float_input(x, "x")
+    if arr.ndim == 0:
+        raise ValueError("x must have rank >= 1 ([..., K])")
+    k = arr.shape[-1]
+    if h is None:
+        h = np.zeros((k, k), np.float64)
+    elif not isinstance(h, np.ndarray) or h.dtype != np.float64 or not h.flags.c_contiguous \
+            or not h.flags.writeable:
+        raise TypeError("h must be a writeable C-contiguous float64 numpy array (it is updated in "
+                        "place), or None")
+    elif h.shape != (k, k):
+        raise ValueError(f"h must have shape [K, K] = [{k}, {k}] for x of K = {k}, got "
+                         f"{list(h.shape)}")
+    _core.accumulate_hessian(arr, h)
+    return h
 
 
 def global_scale(w):

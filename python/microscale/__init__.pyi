@@ -62,6 +62,23 @@ def quantize_dequantize(x: ArrayIn, mode: str = ..., group_size: Optional[int] =
                         bits: Optional[int] = ..., global_scale: Optional[Scalar] = ...,
                         scale_rule: str = ..., nonfinite: str = ..., elem: str = ...,
                         dtype: Optional[DTypeLike] = ..., out_type: OutTypeArg = ...) -> Any: ...
+@overload
+def gptq(w: NDArray, hessian: npt.ArrayLike, mode: str = ..., group_size: Optional[int] = ...,
+         bits: Optional[int] = ..., global_scale: Optional[Scalar] = ..., layout: str = ...,
+         scale_rule: str = ..., elem: str = ..., damp: float = ..., block_size: int = ...,
+         out_type: _NumpyOut = ...) -> tuple[NDArray, ...]:
+    """GPTQ quantization of ``w`` (float32 / float16 / bfloat16 ``[N, K]``) with
+    ``hessian = X^T X`` (float64 or float32 ``[K, K]``); returns what :func:`quantize` returns
+    for the mode: ``(w_q, scales)`` or ``(w_q, scales, biases)`` for affine."""
+@overload
+def gptq(w: ArrayIn, hessian: npt.ArrayLike, mode: str = ..., group_size: Optional[int] = ...,
+         bits: Optional[int] = ..., global_scale: Optional[Scalar] = ..., layout: str = ...,
+         scale_rule: str = ..., elem: str = ..., damp: float = ..., block_size: int = ...,
+         out_type: OutTypeArg = ...) -> tuple[Any, ...]: ...
+def accumulate_hessian(x: ArrayIn, h: Optional[NDArray] = ...) -> NDArray:
+    """``H += X^T X`` in float64 for activations ``x`` (float32 / float16 / bfloat16
+    ``[..., K]``); ``h`` None or a float64 C-contiguous ``[K, K]`` numpy array updated in place;
+    returns ``h``."""
 def global_scale(w: ArrayIn) -> np.float32: ...
 @overload
 def swizzle_scales(scales: NDArray, out_type: _NumpyOut = ...) -> NDArray: ...

@@ -72,6 +72,24 @@ nb::object py_quantize_dequantize(const Array& x, const ms::QuantSpec& spec, ms:
   return to_numpy(std::move(y));
 }
 
+// GPTQ (microscale/gptq.hpp): H is float64 [K, K], converted and shape-checked by the caller's
+// Python layer and by the C++ API.
+ms::Quantized py_gptq(const Array& w, const nb::ndarray<const double, nb::c_contig, nb::device::cpu>& h,
+                      const ms::QuantSpec& spec, double damp, int block_size) {
+  ms::Shape shape;
+  for (size_t i = 0; i < h.ndim(); ++i) shape.push_back(static_cast<std::int64_t>(h.shape(i)));
+  nb::gil_scoped_release release;
+  return ms::gptq(w.view, ms::HessianView{h.data(), shape}, spec, ms::GptqOptions{damp, block_size});
+}
+
+// H += x^T x into the caller's float64 [K, K] array (shape checked by the C++ API from its size and
+// by the Python layer).
+void py_accumulate_hessian(const Array& x, nb::ndarray<double, nb::c_contig, nb::device::cpu>& h) {
+  const std::span<double> out(h.data(), h.size());
+  nb::gil_scoped_release release;
+  ms::accumulate_hessian(x.view, out);
+}
+
 float py_global_scale(const Array& x) {
   nb::gil_scoped_release release;
   return ms::global_scale(x.view);
@@ -450,6 +468,8 @@ NB_MODULE(_core, m) {
   m.def("dequantize", &py_dequantize, nb::arg("packed"), nb::arg("scales"), nb::arg("biases").none(), nb::arg("spec"),
         nb::arg("dtype"));
   m.def("global_scale", &py_global_scale, nb::arg("x"));
+  m.def("gptq", &py_gptq, nb::arg("w"), nb::arg("hessian"), nb::arg("spec"), nb::arg("damp"), nb::arg("block_size"));
+  m.def("accumulate_hessian", &py_accumulate_hessian, nb::arg("x"), nb::arg("hessian"));
   m.def("quantize_parts", &py_quantize_parts, nb::arg("x"), nb::arg("spec"));
   m.def("quantize_dequantize", &py_quantize_dequantize, nb::arg("x"), nb::arg("spec"), nb::arg("dtype"));
   m.def("swizzle_scales", &py_swizzle, nb::arg("scales"));

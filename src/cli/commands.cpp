@@ -182,7 +182,9 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
   {
     struct O {
       std::string in, out, format = "nvfp4", to, scale_rule, nonfinite = "propagate", amax_file, errors_csv, part;
-      std::string scale_search = "none";
+      std::string scale_search = "none", hessians;
+      double gptq_damp = 0.01;
+      int gptq_block_size = 128;
       std::vector<std::string> exclude, include;
       int group = 0;
       bool force = false, w4a4 = false, errors = false, separate = false;
@@ -208,6 +210,12 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                   "fp4 block scales: none (round to nearest), 4over6 (nvfp4) or mse (nvfp4, mxfp4); "
                   "standard bytes either way (docs/numerics.md)")
         ->capture_default_str();
+    c->add_option("--hessians", o->hessians,
+                  "safetensors file of H = X^T X per layer ([K, K] F32/F64, named by module or weight name): "
+                  "GPTQ for those layers, round to nearest for the others (docs/numerics.md)");
+    c->add_option("--gptq-damp", o->gptq_damp, "GPTQ dampening, a fraction of H's mean diagonal")
+        ->capture_default_str();
+    c->add_option("--gptq-block-size", o->gptq_block_size, "GPTQ columns per lazy batch")->capture_default_str();
     c->add_option("--nonfinite", o->nonfinite,
                   "NaN/Inf weights: propagate (warn, and keep them in the blocks they "
                   "hit), error (fail naming the tensor) or saturate")
@@ -237,6 +245,8 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              }
              opt.spec.nonfinite = nonfinite_from_name(o->nonfinite);
              opt.spec.scale_search = scale_search_from_name(o->scale_search);
+             opt.hessians = o->hessians;
+             opt.gptq = GptqOptions{o->gptq_damp, o->gptq_block_size};
              const bool fp4 = opt.spec.mode == Mode::nvfp4 || opt.spec.mode == Mode::mxfp4;
              opt.to = o->to.empty() ? (fp4 ? io::Convention::compressed_tensors : io::Convention::mlx)
                                     : io::convention_from_name(o->to);

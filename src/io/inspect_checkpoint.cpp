@@ -130,6 +130,9 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
         if (it->is_object() && it->contains("producer") && (*it)["producer"].is_object())
           if (auto s = (*it)["producer"].find("scale_search"); s != (*it)["producer"].end() && s->is_string())
             res.config = "scale_search " + s->get<std::string>() + "; " + res.config;
+        if (it->is_object() && it->contains("producer") && (*it)["producer"].is_object())
+          if (auto g = (*it)["producer"].find("gptq"); g != (*it)["producer"].end() && g->is_object())
+            res.config = "gptq " + g->dump() + "; " + res.config;
         break;
       }
   if (std::error_code ec; fs::exists(in.dir / "hf_quant_config.json", ec))

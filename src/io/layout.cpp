@@ -206,6 +206,15 @@ Json apply_config(Json& config, std::optional<Convention> c, const QuantMeta& me
       producer["scale_search"] = name(meta.scale_search);
     }
   }
+  // So are GPTQ's layers (the others round to nearest) and its options.
+  if (meta.gptq_layers > 0) {
+    for (Json* j : {&config["quantization_config"], extra.is_object() ? &extra : nullptr}) {
+      if (j == nullptr) continue;
+      Json& producer = (*j)["producer"];
+      if (!producer.is_object()) producer = {{"name", "microscale"}};
+      producer["gptq"] = {{"layers", meta.gptq_layers}, {"damp", meta.gptq.damp}, {"block_size", meta.gptq.block_size}};
+    }
+  }
   return extra;
 }
 

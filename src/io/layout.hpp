@@ -23,6 +23,8 @@ struct QuantMeta {
   std::vector<std::string> ignore;   // weight-like tensors' modules left unquantized
   bool w4a4 = false;
   ScaleSearch scale_search = ScaleSearch::none;  // recorded in the config's producer block when searched
+  int gptq_layers = 0;                           // layers rounded with GPTQ (recorded when > 0)
+  GptqOptions gptq;
 };
 
 // The (mode, group, bits) most layers use.

@@ -78,6 +78,45 @@ std::string list_reasons(const std::vector<std::pair<std::string, std::string>>&
   return out;
 }
 
+// The --hessians file's tensors by the module they belong to, each checked against the layer it
+// names: a module quantized here, [K, K] for its weight's K columns, F32 or F64.
+std::map<std::string, const StTensor*> hessians_by_module(const SafetensorsFile& f,
+                                                          const std::map<std::string, std::string>& weight_modules,
+                                                          const std::map<std::string, Shape>& quantized_shape,
+                                                          const std::string& example) {
+  std::map<std::string, const StTensor*> out;
+  const std::string file = "--hessians " + f.source();
+  for (const StTensor& t : f.tensors()) {
+    const std::string suffix = ".weight";
+    const bool weight_name = t.name.size() > suffix.size() && t.name.ends_with(suffix);
+    const std::string m = weight_name ? t.name.substr(0, t.name.size() - suffix.size()) : t.name;
+    const auto w = weight_modules.find(m);
+    if (w == weight_modules.end())
+      throw Error(file + ": tensor " + detail::quote(t.name) + " names no module of this checkpoint (" + example +
+                  "; name H by the module or its weight)");
+    if (!w->second.empty())
+      throw Error(file + ": tensor " + detail::quote(t.name) + " names " + detail::quote(m) +
+                  ", which is not quantized (" + w->second + ")");
+    if (!out.emplace(m, &t).second)
+      throw Error(file + ": module " + detail::quote(m) + " has two Hessians (by module and by weight name)");
+    const std::int64_t K = quantized_shape.at(m)[1];
+    if (t.shape != Shape{K, K})
+      throw Error(file + ": tensor " + detail::quote(t.name) + " has shape " + shape_str(t.shape, ShapeStyle::dims) +
+                  ", expected [K, K] = [" + std::to_string(K) + ", " + std::to_string(K) + "] for the weight of " +
+                  detail::quote(m));
+    if (t.dtype != StDType::f32 && t.dtype != StDType::f64)
+      throw Error(file + ": tensor " + detail::quote(t.name) + " is " + t.dtype_name() + ", expected F32 or F64");
+  }
+  return out;
+}
+
+// A Hessian tensor's values as float64 (any alignment).
+std::vector<double> hessian_values(const StTensor& t) {
+  std::vector<double> h(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = element_value(t.data.data(), t.dtype, i);
+  return h;
+}
+
 double rel_error(const TensorView& w, const Tensor& y, double* sqnr) {
   const auto n = static_cast<std::size_t>(w.numel());
   const StDType st = to_st_dtype(w.dtype);
@@ -114,6 +153,11 @@ std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool
     amax[m] = buf;
   }
   j["activation_amax"] = std::move(amax);
+  if (!opt.hessians.empty()) {  // the file by name, as the parts of a split run each read it
+    j["hessians"] = opt.hessians.string();
+    j["gptq_damp"] = opt.gptq.damp;
+    j["gptq_block_size"] = opt.gptq.block_size;
+  }
   return j.dump();
 }
 
@@ -248,8 +292,25 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       s.skel.act = Global::of_amax(it->second);
     }
   }
+  // GPTQ for the layers the --hessians file covers.
+  std::optional<SafetensorsFile> hessian_file;
+  std::map<std::string, const StTensor*> hessians;
+  if (!opt.hessians.empty()) {
+    if (base.scale_search != ScaleSearch::none)
+      throw Error("--hessians (GPTQ) does not combine with --scale-search " + std::string(name(base.scale_search)) +
+                  "; GPTQ chooses the codes itself");
+    hessian_file = SafetensorsFile::open(opt.hessians);
+    std::map<std::string, Shape> shapes;
+    for (const Sel& s : chosen) shapes[s.module] = in.ck.tensor(s.name).shape;
+    hessians = hessians_by_module(*hessian_file, weight_modules, shapes, example());
+    if (hessians.empty()) throw Error("--hessians " + opt.hessians.string() + " holds no tensors");
+    report.notes.push_back("GPTQ for " + std::to_string(hessians.size()) + " of " + std::to_string(chosen.size()) +
+                           " layers (Hessians from " + opt.hessians.string() + "), round to nearest for the others");
+  }
   QuantMeta meta;
   meta.w4a4 = w4a4;
+  meta.gptq_layers = static_cast<int>(hessians.size());
+  meta.gptq = opt.gptq;
   meta.ignore = ignore;
   meta.scale_search = base.scale_search;
   for (const Sel& s : chosen) {
@@ -325,8 +386,13 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       if (three) spec.global_scale = fused ? *fused : global_scale(x);
       Quantized q;
       try {
-        // A fused group keeps its one global scale: mse searches only the block scales there.
-        q = ops::quantize(x, spec, !fused.has_value());
+        if (const auto h = hessians.find(sp->module); h != hessians.end()) {
+          const std::vector<double> hv = hessian_values(*h->second);
+          q = gptq(x, HessianView{hv.data(), h->second->shape}, spec, opt.gptq);
+        } else {
+          // A fused group keeps its one global scale: mse searches only the block scales there.
+          q = ops::quantize(x, spec, !fused.has_value());
+        }
       } catch (const Error& e) {
         throw Error("tensor " + detail::quote(sp->name) + ": " + e.what());
       }
