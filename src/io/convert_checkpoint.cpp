@@ -384,6 +384,9 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
     const Layer& l = det.layers[i];
     if (stacked.count(&l)) continue;
     Item it = layer_item(in, l);
+    // One expert of a split stack reads its own rows of the stack's tensors, not all of them.
+    if (l.packed.size() < in.ck.tensor(l.primary()).data.size())
+      it.in_bytes = l.packed.size() + l.scales.size() + l.biases.size();
     it.entries = std::move(planned[i]);
     it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
       TensorReport r = layer_report(*lp, TensorAction::converted, bytes);
