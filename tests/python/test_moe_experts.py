@@ -214,3 +214,25 @@ def test_mlx_lm_loads_the_experts_and_dequantizes_them_equally(tmp_path, arch, f
     assert checked == 3 * len(model.model.layers)
     logits = model(mx.array([[1, 5, 9, 3]]))
     assert np.isfinite(np.array(logits.astype(mx.float32))).all()
+
+
+def test_python_api_holds_stacked_experts(tmp_path):
+    """load_checkpoint gives a stacked MLX layer as [E, N, K]; save_checkpoint writes it back byte
+    for byte, and refuses it for compressed-tensors without writing anything."""
+    microscale = pytest.importorskip("microscale", reason="the microscale Python package is not built")
+    out, back = tmp_path / "q", tmp_path / "back"
+    ok("quantize", os.path.join(FIXTURES, "qwen3_moe"), "-o", out, "--format", "mxfp4", "--export", "mlx")
+    ok("dequantize", out, "-o", back)
+    ck = microscale.load_checkpoint(out)
+    w = ck.layers["model.layers.1.mlp.switch_mlp.up_proj"]
+    assert tuple(w.shape) == (4, 64, 64)
+    got = np.asarray(w.dequantize(dtype="bfloat16"))
+    want = load_all(str(back))
+    for e in range(4):
+        assert u8(got[e]).tobytes() == u8(want[f"model.layers.1.mlp.experts.{e}.up_proj.weight"]).tobytes()
+    microscale.save_checkpoint(tmp_path / "saved", ck.layers, ck.tensors, ck.config, export="mlx")
+    a, b = load_all(str(out)), load_all(str(tmp_path / "saved"))
+    assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
+    with pytest.raises(ValueError, match="stacked experts"):
+        microscale.save_checkpoint(tmp_path / "ct", ck.layers, ck.tensors, ck.config, export="compressed-tensors")
+    assert not (tmp_path / "ct").exists()
