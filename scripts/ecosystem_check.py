@@ -221,6 +221,15 @@ def check_mlx(fixture, q, d):
         got = np.array(w.astype(mx.float32)).astype(ml_dtypes.bfloat16)
         if got.ndim == 2:
             pairs = [(path, got, None)]
+        elif path.endswith((".experts.gate_proj", ".experts.up_proj", ".experts.down_proj")):
+            # gpt-oss: microscale dequantizes back to transformers' [experts, in, out] stacks, gate
+            # the even columns of gate_up_proj and up the odd ones.
+            parent, proj = path.rpartition(".")[0], path.rpartition(".")[2]
+            stack = parent + (".down_proj" if proj == "down_proj" else ".gate_up_proj")
+            assert stack in ours, f"mlx-lm layer {path}: no {stack} in microscale's output"
+            col = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)}.get(proj, slice(None))
+            ours[path + ".weight"] = np.ascontiguousarray(ours[stack][..., col].transpose(0, 2, 1))
+            pairs = [(path, got, None)]
         else:  # a switch layer: [experts, N, K] from the per-expert weights
             assert ".switch_mlp." in path, f"mlx-lm layer {path}: {got.ndim}-D and not a switch layer"
             parent, proj = path.rpartition(".switch_mlp.")[0], path.rpartition(".")[2]

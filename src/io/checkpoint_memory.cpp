@@ -16,14 +16,21 @@ using namespace ck;
 // A layer over `q`'s buffers, after checking that they are what `q.spec` and `q.shape` say.
 Layer checked_layer(const std::string& m, const Quantized& q, const std::optional<float>& input_amax) {
   const QuantSpec s = resolve(q.spec);
-  if (q.shape.size() != 2)
-    throw Error("layer " + detail::quote(m) + ": only 2-D weights, got " + shape_str(q.shape, ShapeStyle::list));
-  const std::int64_t n = q.shape[0], k = q.shape[1];
-  // Bounds before any shape arithmetic: k * bits must not wrap.
-  if (n < 0 || k < 0 || k > std::numeric_limits<std::int64_t>::max() / 64)
-    throw Error("layer " + detail::quote(m) + ": shape " + shape_str(q.shape, ShapeStyle::list) + " is out of range");
+  // [experts, N, K]: stacked experts (MLX's SwitchLinear), quantized per row like [experts * N, K].
+  if (q.shape.size() != 2 && q.shape.size() != 3)
+    throw Error("layer " + detail::quote(m) + ": only 2-D weights and 3-D stacked experts, got " +
+                shape_str(q.shape, ShapeStyle::list));
+  const bool stacked = q.shape.size() == 3;
+  const std::int64_t k = q.shape.back(), experts = stacked ? q.shape[0] : 0;
+  // Bounds before any shape arithmetic: k * bits must not wrap, nor experts * N.
+  for (std::int64_t d : q.shape)
+    if (d < 0 || d > std::numeric_limits<std::int32_t>::max())
+      throw Error("layer " + detail::quote(m) + ": shape " + shape_str(q.shape, ShapeStyle::list) + " is out of range");
+  if (stacked && experts == 0) throw Error("layer " + detail::quote(m) + ": stacked experts of 0 experts");
+  const std::int64_t n = stacked ? q.shape[0] * q.shape[1] : q.shape[0];
   if (k % s.group_size != 0) throw Error("layer " + detail::quote(m) + ": K is not a multiple of the group size");
-  const Shape ps = {n, k * s.bits / 8}, ss = {n, k / s.group_size};
+  auto as_stored = [&](std::int64_t cols) { return stacked ? Shape{experts, q.shape[1], cols} : Shape{n, cols}; };
+  const Shape ps = as_stored(k * s.bits / 8), ss = as_stored(k / s.group_size);
   const DType sd = s.mode == Mode::affine ? q.scales.dtype() : DType::uint8;
   if (q.packed.dtype() != DType::uint8 || q.packed.shape() != ps)
     throw Error("layer " + detail::quote(m) + ": packed must be uint8 " + shape_str(ps, ShapeStyle::list) + ", got " +
@@ -35,7 +42,8 @@ Layer checked_layer(const std::string& m, const Quantized& q, const std::optiona
   if (s.mode == Mode::affine && (q.biases.shape() != ss || q.biases.dtype() != sd))
     throw Error("layer " + detail::quote(m) + ": biases must match the scales");
   if (s.layout != Layout::compact) throw Error("layer " + detail::quote(m) + ": checkpoints store compact scales");
-  Layer l = Layer::of(m, s, q.shape);
+  Layer l = Layer::of(m, s, {n, k});
+  l.experts = experts;
   if (input_amax) l.act = Global::of_amax(*input_amax);
   l.point_at(q);
   if (s.mode == Mode::affine) l.float_dtype = to_st_dtype(sd);

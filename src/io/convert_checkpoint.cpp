@@ -2,7 +2,9 @@
 // float weights) of a quantized checkpoint.
 #include <algorithm>
 #include <map>
+#include <set>
 
+#include "io/experts.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
 
@@ -36,9 +38,211 @@ TensorReport layer_report(const Layer& l, TensorAction action, std::uint64_t byt
   r.name = l.module;
   r.action = action;
   r.format = name(l.format.mode);
-  r.shape = l.shape;
+  r.shape = l.stored(l.cols());
   r.bytes_in = bytes_in;
   return r;
+}
+
+// Dequantized stacked experts go back to the form transformers loads: "<p>.switch_mlp.<proj>"
+// into per-expert weights; gpt-oss's split gate, up and down (and their biases) into its
+// [E, in, out] stacks. Returns false for a layer written as it is.
+bool unstack_experts(const Input& in, const Layer& l, DType dtype, std::vector<Item>& items, Report& report) {
+  if (!l.experts) return false;
+  const std::int64_t n = l.rows() / l.experts, k = l.cols();
+  const std::vector<std::string> names = per_expert_outputs(l.module, l.experts, in.config);
+  if (names.empty()) return false;
+  Item it = layer_item(in, l);
+  for (const std::string& name : names) it.entries.push_back({name, to_st_dtype(dtype), {n, k}});
+  it.run = [&in, &report, lp = &l, names, dtype, bytes = it.in_bytes](SafetensorsWriter& w) {
+    const Tensor y = dequantize_layer(*lp, dtype);
+    const std::size_t each = y.nbytes() / names.size();
+    for (std::size_t e = 0; e < names.size(); ++e) w.write(names[e], {y.bytes() + e * each, each});
+    release_sources(in.ck, *lp);
+    TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
+    r.bytes_out = y.nbytes();
+    report.tensors.push_back(std::move(r));
+  };
+  items.push_back(std::move(it));
+  return true;
+}
+
+// gpt-oss (config model_type gpt_oss): its split expert layers and biases, merged back.
+struct GptossMerge {
+  std::map<std::string, std::vector<const Layer*>> layers;  // merged name -> its parts in column order
+  std::map<std::string, std::vector<std::string>> biases;   // merged name -> bias tensors in column order
+};
+
+GptossMerge gptoss_merge(const Input& in, const Detected& det) {
+  GptossMerge g;
+  if (!is_gptoss(in.config)) return g;
+  for (const Layer& l : det.layers)
+    if (const auto m = gptoss_merged(l.module); m && l.experts) {
+      auto& parts = g.layers[m->name];
+      parts.resize(static_cast<std::size_t>(m->parts));
+      parts[static_cast<std::size_t>(m->part)] = &l;
+    }
+  for (const auto& [name, parts] : g.layers)
+    for (const Layer* p : parts)
+      if (!p || p->shape != parts.front()->shape || p->experts != parts.front()->experts)
+        throw Error("gpt-oss experts " + detail::quote(name) +
+                    ": the split gate_proj and up_proj layers it is made of are not both present with one shape");
+  for (const std::string& n : in.ck.names())
+    if (const auto m = gptoss_merged(n); m && n.ends_with(".bias") && !det.consumed.count(n)) {
+      const std::string weight = m->name.substr(0, m->name.size() - std::string_view("_bias").size());
+      if (!g.layers.count(weight)) continue;
+      auto& parts = g.biases[m->name];
+      parts.resize(static_cast<std::size_t>(m->parts));
+      parts[static_cast<std::size_t>(m->part)] = n;
+    }
+  for (const auto& [name, parts] : g.biases)
+    for (const std::string& p : parts)
+      if (p.empty() || in.ck.tensor(p).shape != in.ck.tensor(parts.front()).shape ||
+          in.ck.tensor(p).dtype != in.ck.tensor(parts.front()).dtype || in.ck.tensor(p).shape.size() != 2)
+        throw Error("gpt-oss expert bias " + detail::quote(name) +
+                    ": the split gate_proj.bias and up_proj.bias it is made of are not both present, 2-D, "
+                    "with one shape and dtype");
+  return g;
+}
+
+void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, std::vector<Item>& items, Report& report) {
+  for (const auto& [name, parts] : g.layers) {
+    const Layer& first = *parts.front();
+    const std::int64_t e = first.experts, n = first.rows() / e, k = first.cols();
+    Item it = layer_item(in, first);
+    for (std::size_t p = 1; p < parts.size(); ++p)
+      for (const Source& s : parts[p]->sources) {
+        it.inputs.push_back(in.ck.tensor(s.tensor).data);
+        it.in_bytes += in.ck.tensor(s.tensor).data.size();
+      }
+    it.label = name;
+    it.entries = {{name, to_st_dtype(dtype), {e, k, n * static_cast<std::int64_t>(parts.size())}}};
+    it.run = [&in, &report, name, parts, dtype, e, n, k, bytes = it.in_bytes](SafetensorsWriter& w) {
+      std::vector<Tensor> ys;
+      std::vector<std::span<const std::byte>> spans;
+      for (const Layer* l : parts) {
+        ys.push_back(dequantize_layer(*l, dtype));
+        spans.emplace_back(ys.back().bytes(), ys.back().nbytes());
+        release_sources(in.ck, *l);
+      }
+      const std::vector<std::byte> out = merge_columns(spans, e, n, k, dtype_size(dtype));
+      w.write(name, out);
+      TensorReport r = layer_report(*parts.front(), TensorAction::dequantized, bytes);
+      r.name = name;
+      r.shape = {e, k, n * static_cast<std::int64_t>(parts.size())};
+      r.bytes_out = out.size();
+      report.tensors.push_back(std::move(r));
+    };
+    items.push_back(std::move(it));
+  }
+  for (const auto& [name, parts] : g.biases) {
+    const StTensor& t = in.ck.tensor(parts.front());
+    Item it = tensor_item(in, parts.front(), name);
+    for (std::size_t p = 1; p < parts.size(); ++p) {
+      it.inputs.push_back(in.ck.tensor(parts[p]).data);
+      it.in_bytes += in.ck.tensor(parts[p]).data.size();
+    }
+    const Shape shape = {t.shape[0], t.shape[1] * static_cast<std::int64_t>(parts.size())};
+    it.entries = {{name, t.dtype, shape}};
+    it.run = [&in, &report, name, parts, shape](SafetensorsWriter& w) {
+      const StTensor& first = in.ck.tensor(parts.front());
+      std::vector<std::span<const std::byte>> spans;
+      for (const std::string& p : parts) spans.push_back(in.ck.tensor(p).data);
+      const std::vector<std::byte> out =
+          merge_columns(spans, first.shape[0], first.shape[1], 1, st_nbytes(first.dtype, {1}));
+      w.write(name, out);
+      TensorReport r;
+      r.name = name;
+      r.action = TensorAction::copied;
+      r.format = first.dtype_name();
+      r.shape = shape;
+      r.bytes_in = r.bytes_out = out.size();
+      report.tensors.push_back(std::move(r));
+    };
+    items.push_back(std::move(it));
+  }
+}
+
+// MLX holds a projection's experts stacked (mlx-lm's SwitchGLU): the per-expert layers of each
+// projection become one layer, with no data until it is written (stack_data).
+struct StackedLayer {
+  Layer layer;
+  std::vector<const Layer*> members;
+};
+
+std::vector<StackedLayer> stack_layers(const std::vector<Layer>& layers) {
+  std::vector<std::string> names;
+  for (const Layer& l : layers) names.push_back(l.module + ".weight");
+  std::vector<StackedLayer> out;
+  for (const ExpertGroup& g : expert_groups(names)) {
+    StackedLayer st;
+    const Layer& first = layers[g.members.front()];
+    for (std::size_t i : g.members) {
+      const Layer& l = layers[i];
+      if (l.shape != first.shape || l.format.mode != first.format.mode ||
+          l.format.group_size != first.format.group_size || l.format.bits != first.format.bits ||
+          l.float_dtype != first.float_dtype || l.global.to_amax() != first.global.to_amax())
+        throw Error("expert layer " + detail::quote(l.module) + " differs from " + detail::quote(first.module) +
+                    " in shape, format or global scale: mlx-lm stacks a projection's experts into one layer of "
+                    "one format");
+      st.members.push_back(&l);
+    }
+    st.layer = first;
+    st.layer.module = g.module;
+    st.layer.experts = static_cast<std::int64_t>(g.members.size());
+    st.layer.shape = {mul(g.module, st.layer.experts, first.rows(), "experts x rows"), first.cols()};
+    st.layer.packed = st.layer.scales = st.layer.biases = {};
+    st.layer.sources.clear();
+    for (const Layer* m : st.members)
+      st.layer.sources.insert(st.layer.sources.end(), m->sources.begin(), m->sources.end());
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+// The other way: a stacked "<p>.switch_mlp.<proj>" layer into its per-expert layers (views of its
+// rows), for layouts whose loaders read experts one by one. Other layers are kept as they are.
+std::vector<Layer> unstack_layers(std::vector<Layer> layers, const Json& config) {
+  std::vector<Layer> out;
+  for (Layer& l : layers) {
+    const std::vector<std::string> names =
+        l.experts ? per_expert_outputs(l.module, l.experts, config) : std::vector<std::string>{};
+    if (names.empty()) {
+      out.push_back(std::move(l));
+      continue;
+    }
+    const auto e_count = static_cast<std::size_t>(l.experts);
+    auto slice = [e_count](std::span<const std::byte> s, std::size_t e) {
+      return s.empty() ? s : s.subspan(e * (s.size() / e_count), s.size() / e_count);
+    };
+    for (std::size_t e = 0; e < e_count; ++e) {
+      Layer sub = l;
+      sub.module = names[e].substr(0, names[e].size() - std::string_view(".weight").size());
+      sub.experts = 0;
+      sub.shape = {l.rows() / l.experts, l.cols()};
+      sub.packed = slice(l.packed, e);
+      sub.scales = slice(l.scales, e);
+      sub.biases = slice(l.biases, e);
+      out.push_back(std::move(sub));
+    }
+  }
+  return out;
+}
+
+// The stacked layer's data: its members' bytes concatenated in expert order.
+struct StackData {
+  std::vector<std::byte> packed, scales, biases;
+};
+Layer stack_data(const StackedLayer& st, StackData& d) {
+  for (const Layer* m : st.members) {
+    d.packed.insert(d.packed.end(), m->packed.begin(), m->packed.end());
+    d.scales.insert(d.scales.end(), m->scales.begin(), m->scales.end());
+    d.biases.insert(d.biases.end(), m->biases.begin(), m->biases.end());
+  }
+  Layer l = st.layer;
+  l.packed = d.packed;
+  l.scales = d.scales;
+  l.biases = d.biases;
+  return l;
 }
 
 }  // namespace
@@ -57,10 +261,17 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
   const DType dtype = opt.dtype ? *opt.dtype : source_dtype(in, det, report);
   std::vector<Item> items;
   std::size_t acts = 0;
+  const GptossMerge merge = gptoss_merge(in, det);
+  std::set<std::string> merged;  // the layers and biases gptoss_items writes
+  for (const auto& [name, parts] : merge.layers)
+    for (const Layer* l : parts) merged.insert(l->module);
+  for (const auto& [name, parts] : merge.biases) merged.insert(parts.begin(), parts.end());
+  gptoss_items(in, merge, dtype, items, report);
   for (const Layer& l : det.layers) {
-    Item it = layer_item(in, l);
-    it.entries = {{l.module + ".weight", to_st_dtype(dtype), l.shape}};
     acts += l.act.has_value();
+    if (merged.count(l.module) || unstack_experts(in, l, dtype, items, report)) continue;
+    Item it = layer_item(in, l);
+    it.entries = {{l.module + ".weight", to_st_dtype(dtype), l.stored(l.cols())}};
     it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
       const Tensor y = dequantize_layer(*lp, dtype);
       w.write_tensor(lp->module + ".weight", y);
@@ -75,7 +286,8 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
     items.push_back(source_item(in, w, dtype, report, TensorAction::dequantized));
   note_dropped(det.sources, report);
   for (const std::string& n : in.ck.names())
-    if (!det.consumed.count(n) && !det.sources.consumed.count(n)) items.push_back(passthrough(in, n, report));
+    if (!det.consumed.count(n) && !det.sources.consumed.count(n) && !merged.count(n))
+      items.push_back(passthrough(in, n, report));
   if (acts) report.notes.push_back(std::to_string(acts) + " activation scales dropped (the output is not quantized)");
 
   write_output(in, out, opt.force, items, nullptr, std::nullopt, {}, opt.progress, report, dtype);
@@ -120,16 +332,34 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
     }
   }
 
+  // MLX: per-expert layers stacked; the others: stacked layers split per expert. Planned before
+  // any file is written, like every other layer.
+  std::vector<StackedLayer> stacks;
+  std::set<const Layer*> stacked;
+  if (opt.to != Convention::mlx) det.layers = unstack_layers(std::move(det.layers), in.config);
+  if (opt.to == Convention::mlx) {
+    for (const Layer& l : det.layers) (void)emit(l, opt.to);  // a layer MLX cannot hold, named as such first
+    stacks = stack_layers(det.layers);
+    for (const StackedLayer& st : stacks) stacked.insert(st.members.begin(), st.members.end());
+  }
+
   // All-or-nothing: every layer is planned (and refused) before any file is written.
   QuantMeta meta;
   meta.w4a4 = w4a4;
   std::vector<std::vector<StEntry>> planned;
   for (const Layer& l : det.layers) {
+    if (stacked.count(&l)) {
+      planned.emplace_back();
+      continue;
+    }
     Layer probe = l;
     if (auto u = unify.find(l.module); u != unify.end()) probe.global = Global::of_amax(u->second);
     planned.push_back(entries_of(emit(probe, opt.to)));
     meta.layers.push_back(&l);
   }
+  for (const StackedLayer& st : stacks) meta.layers.push_back(&st.layer);
+  std::vector<std::vector<StEntry>> planned_stacks;
+  for (const StackedLayer& st : stacks) planned_stacks.push_back(entries_of(emit(st.layer, opt.to)));
   for (const std::string& n : in.ck.names()) {
     if (det.consumed.count(n)) continue;
     const StTensor& t = in.ck.tensor(n);
@@ -137,9 +367,26 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   }
 
   std::vector<Item> items;
+  for (std::size_t i = 0; i < stacks.size(); ++i) {
+    Item it = layer_item(in, stacks[i].layer);
+    it.entries = std::move(planned_stacks[i]);
+    it.run = [&, sp = &stacks[i], bytes = it.in_bytes](SafetensorsWriter& w) {
+      StackData data;
+      const Layer l = stack_data(*sp, data);
+      TensorReport r = layer_report(l, TensorAction::converted, bytes);
+      write_emitted(w, emit(l, opt.to), r);
+      release_sources(in.ck, l);
+      report.tensors.push_back(std::move(r));
+    };
+    items.push_back(std::move(it));
+  }
   for (std::size_t i = 0; i < det.layers.size(); ++i) {
     const Layer& l = det.layers[i];
+    if (stacked.count(&l)) continue;
     Item it = layer_item(in, l);
+    // One expert of a split stack reads its own rows of the stack's tensors, not all of them.
+    if (l.packed.size() < in.ck.tensor(l.primary()).data.size())
+      it.in_bytes = l.packed.size() + l.scales.size() + l.biases.size();
     it.entries = std::move(planned[i]);
     it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
       TensorReport r = layer_report(*lp, TensorAction::converted, bytes);

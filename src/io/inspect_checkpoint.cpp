@@ -51,7 +51,7 @@ void describe_part(InspectRow& row, const StTensor& t, const Layer& l, Role role
   switch (role) {
     case Role::packed:
       row.format = mode + " packed";
-      row.detail = "logical " + shape_str(l.shape, ShapeStyle::list) + ", group " +
+      row.detail = "logical " + shape_str(l.stored(l.cols()), ShapeStyle::list) + ", group " +
                    std::to_string(l.format.group_size) + ", " + std::to_string(l.format.bits) + " bits" +
                    (l.format.mode == Mode::nvfp4 ? ", " + l.global.describe() : "");
       if (stats) {

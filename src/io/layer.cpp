@@ -66,6 +66,8 @@ void check_dims(const Layer& l) {
   (void)mul(m, mul(m, l.rows(), l.cols(), "elements of " + shape_str(l.shape, ShapeStyle::list)), 8,
             "bytes of " + shape_str(l.shape, ShapeStyle::list));
   (void)mul(m, l.cols(), 64, "bits in a row of K = " + std::to_string(l.cols()));
+  if (l.experts < 0 || (l.experts > 0 && l.rows() % l.experts != 0))
+    layer_error(m, std::to_string(l.rows()) + " rows do not split into " + std::to_string(l.experts) + " experts");
 }
 
 Layer Layer::of(std::string module, const QuantSpec& spec, Shape shape) {
@@ -99,10 +101,10 @@ void Layer::point_at(const Quantized& q) {
 Quantized to_quantized(const Layer& l) {
   Quantized q;
   q.spec = l.spec();
-  q.shape = l.shape;
-  q.packed = Tensor(DType::uint8, {l.rows(), l.cols() * l.format.bits / 8});
+  q.shape = l.stored(l.cols());
+  q.packed = Tensor(DType::uint8, l.stored(l.cols() * l.format.bits / 8));
   std::memcpy(q.packed.bytes(), l.packed.data(), l.packed.size());
-  const Shape ss = {l.rows(), l.cols() / l.format.group_size};
+  const Shape ss = l.stored(l.cols() / l.format.group_size);
   q.scales = Tensor(l.format.mode == Mode::affine ? *to_dtype(l.float_dtype) : DType::uint8, ss);
   std::memcpy(q.scales.bytes(), l.scales.data(), l.scales.size());
   if (l.format.mode == Mode::affine) {
@@ -129,7 +131,8 @@ Tensor dequantize_layer(const Layer& l, DType dt) {
   TensorView biases;
   if (l.format.mode == Mode::affine) biases = view_of(l.biases, l.float_dtype, sshape, bp);
   try {
-    return dequantize(packed, scales, l.format.mode == Mode::affine ? &biases : nullptr, l.spec(), dt);
+    return dequantize(packed, scales, l.format.mode == Mode::affine ? &biases : nullptr, l.spec(), dt)
+        .reshaped(l.stored(l.cols()));
   } catch (const Error& e) {
     throw Error("layer " + detail::quote(l.module) + ": " + e.what());
   }

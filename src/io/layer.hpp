@@ -68,7 +68,10 @@ struct Layer {
     s.bits = 4;
     return s;
   }();
-  Shape shape;                // logical [N, K]
+  Shape shape;  // logical [N, K]; stacked experts: [experts * N, K]
+  // Stacked experts (mlx-lm's SwitchLinear): the rows are `experts` blocks of one expert's N rows
+  // each, quantized per expert along K like any row, and stored as [experts, N, ...]. 0: a plain layer.
+  std::int64_t experts = 0;
   Global global;              // nvfp4 only
   std::optional<Global> act;  // static activation scale (W4A4 checkpoints)
   std::span<const std::byte> packed, scales, biases;
@@ -81,6 +84,10 @@ struct Layer {
   QuantSpec spec() const;  // resolved format; global_scale = amax for three-level nvfp4
   std::int64_t rows() const { return shape[0]; }
   std::int64_t cols() const { return shape[1]; }
+  // A 2-D shape of this layer's rows as it is stored: [rows, x], or [experts, rows/experts, x].
+  Shape stored(std::int64_t cols) const {
+    return experts ? Shape{experts, rows() / experts, cols} : Shape{rows(), cols};
+  }
   const std::string& primary() const { return sources.front().tensor; }
   // Points the data spans at `q`'s buffers, which must outlive the layer.
   void point_at(const Quantized& q);

@@ -62,6 +62,14 @@ std::vector<Out> emit(const Layer& l, Convention c) {
   return out;
 }
 
+void check_not_stacked(const Layer& l, const LayoutOps& lay) {
+  if (l.experts == 0) return;
+  layer_error(l.module, "stacked experts " + shape_str(l.stored(l.cols()), ShapeStyle::list) + " have no " + lay.title +
+                            " form: its MoE loaders (vLLM, TensorRT-LLM) read per-expert 2-D weights "
+                            "(experts.<i>.gate_proj, ...), and only the MLX layout holds stacked experts. Quantize "
+                            "the float checkpoint with this export instead (it keeps per-expert weights)");
+}
+
 // ---- detection
 
 Detected detect(const Checkpoint& ck, const Json& config) {

@@ -68,6 +68,10 @@ std::string layouts_with(bool LayoutOps::*flag, bool titles);
 // Throws Error naming the layer when `c` cannot hold it.
 std::vector<Out> emit(const Layer& l, Convention c);
 
+// Refuses a stacked-experts layer in a layout whose loaders read experts only as per-expert 2-D
+// weights (docs/checkpoints.md, "Mixture-of-experts weights").
+void check_not_stacked(const Layer& l, const LayoutOps& lay);
+
 // Quantized layers found in a checkpoint and the tensors they use.
 struct Detected {
   std::optional<Convention> convention;

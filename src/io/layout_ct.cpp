@@ -68,6 +68,7 @@ Layer read_ct(const Checkpoint& ck, const Json&, const std::string& m) {
 
 void emit_ct(const Layer& l, std::vector<Out>& out) {
   const std::string& m = l.module;
+  check_not_stacked(l, kCompressedTensorsLayout);
   const std::int64_t n = l.rows(), k = l.cols();
   if (l.format.mode == Mode::nvfp4) {
     out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));

@@ -1,7 +1,8 @@
 // MLX (mlx-lm): nvfp4 (two-level: mlx-lm stores no global scale), mxfp4, mxfp8 (E4M3) and affine.
 //   <m>.weight U32 [N, K*bits/32], <m>.scales [N, K/group] (U8 codes for fp modes, the weight's
 //   dtype for affine), <m>.biases (affine); config.json "quantization" {group_size, bits, mode}
-//   with per-module overrides, mirrored as "quantization_config".
+//   with per-module overrides, mirrored as "quantization_config". Stacked experts (mlx-lm's
+//   SwitchLinear, `switch_mlp.gate_proj`, ...) are the same tensors with a leading experts axis.
 #include <limits>
 
 #include "io/layout.hpp"
@@ -67,13 +68,25 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
   const StTensor& s = need(ck, m, m + ".scales", "scales");
   if (w.dtype != StDType::u32)
     layer_error(m, std::string("MLX packed weight is ") + st_dtype_name(w.dtype) + ", expected U32");
-  const Shape ws = rows_cols(w), ss = rows_cols(s);
-  if (ss[0] != ws[0] || ss[1] == 0)
+  // [experts, N, x] stacks are read as [experts * N, x], quantized per row all the same.
+  auto flat = [&m](const StTensor& t) -> Shape {
+    if (t.shape.size() != 3) return rows_cols(t);
+    if (t.shape[0] < 1) layer_error(m, "stacked experts tensor " + detail::quote(t.name) + " holds no experts");
+    return {mul(m, t.shape[0], t.shape[1], "experts x rows of " + detail::quote(t.name)), t.shape[2]};
+  };
+  const Shape ws = flat(w), ss = flat(s);
+  if (w.shape.size() == 3) l.experts = w.shape[0];
+  if (ss[0] != ws[0] || ss[1] == 0 || s.shape.size() != w.shape.size() || s.shape[0] != w.shape[0])
     layer_error(m,
                 "scales " + shape_str(ss, ShapeStyle::list) + " do not fit weight " + shape_str(ws, ShapeStyle::list));
   // Bits per packed row, before anything divides by or multiplies the width.
   (void)mul(m, ws[1], 32, "packed weight " + shape_str(ws, ShapeStyle::list) + " U32: bits per row");
   const MlxParams cfg = mlx_params(config, m);
+  auto words_to_cols = [&m](std::int64_t words, int bits) {
+    if (words * 32 % bits != 0)
+      layer_error(m, "packed width does not hold whole " + std::to_string(bits) + "-bit elements");
+    return words * 32 / bits;
+  };
   l.sources = {{w.name, Role::packed}, {s.name, Role::scales}};
   if (s.dtype == StDType::u8) {
     // fp modes; without a config the ratio of packed words to scales tells them apart.
@@ -87,7 +100,7 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     }
     l.format.bits = numerics::default_bits(l.format.mode);
     l.format.group_size = numerics::default_group_size(l.format.mode);
-    l.shape = {ws[0], unpacked_cols(m, w, 32, l.format.bits)};
+    l.shape = {ws[0], words_to_cols(ws[1], l.format.bits)};
   } else if (s.dtype == StDType::f32 || s.dtype == StDType::f16 || s.dtype == StDType::bf16) {
     if (cfg.mode && *cfg.mode != "affine")
       layer_error(m, "config says mode " + *cfg.mode + " but scales are " + st_dtype_name(s.dtype));
@@ -98,7 +111,7 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     l.format.mode = Mode::affine;
     l.format.bits = static_cast<int>(*cfg.bits);
     l.float_dtype = s.dtype;
-    l.shape = {ws[0], unpacked_cols(m, w, 32, l.format.bits)};
+    l.shape = {ws[0], words_to_cols(ws[1], l.format.bits)};
     const std::int64_t k = l.cols();
     if (k % ss[1] != 0)
       layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " do not divide K = " + std::to_string(k));
@@ -108,7 +121,7 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
                          " give group size " + std::to_string(group) + " (MLX affine uses 32, 64 or 128)");
     l.format.group_size = static_cast<int>(group);
     const StTensor& b = need(ck, m, m + ".biases", "affine biases");
-    check_shape(b, s.dtype, ss);
+    check_shape(b, s.dtype, s.shape);
     l.biases = b.data;
     l.sources.push_back({b.name, Role::biases});
   } else {
@@ -117,7 +130,7 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
   if (cfg.group && l.format.mode != Mode::affine && *cfg.group != l.format.group_size && cfg.mode)
     layer_error(m, "config group_size " + std::to_string(*cfg.group) + " does not match " + name(l.format.mode));
   check_dims(l);
-  check_shape(s, s.dtype, {l.rows(), l.cols() / l.format.group_size});
+  check_shape(s, s.dtype, l.stored(l.cols() / l.format.group_size));
   l.packed = w.data;
   l.scales = s.data;
   (void)l.spec();  // validates mode/group/bits
@@ -131,17 +144,18 @@ void check_spec(const QuantSpec& spec) {
 
 void emit_mlx(const Layer& l, std::vector<Out>& out) {
   const std::string& m = l.module;
-  const std::int64_t n = l.rows(), k = l.cols();
+  const std::int64_t k = l.cols();
   if (l.format.mode == Mode::nvfp4 && l.global.three_level() && l.global.to_amax() != k2688)
     layer_error(m, "MLX (mlx-lm) nvfp4 is two-level and stores no global scale, but this layer has " +
                        l.global.describe() +
                        "; its bytes cannot be kept. Re-quantize instead: microscale dequantize, then "
                        "microscale quantize --export mlx");
   if (k * l.format.bits % 32 != 0) layer_error(m, "K * bits is not a multiple of 32 (MLX packs uint32 words)");
-  out.push_back(entry(m + ".weight", StDType::u32, {n, k * l.format.bits / 32}, l.packed));
+  out.push_back(entry(m + ".weight", StDType::u32, l.stored(k * l.format.bits / 32), l.packed));
   const StDType sd = l.format.mode == Mode::affine ? l.float_dtype : StDType::u8;
-  out.push_back(entry(m + ".scales", sd, {n, k / l.format.group_size}, l.scales));
-  if (l.format.mode == Mode::affine) out.push_back(entry(m + ".biases", sd, {n, k / l.format.group_size}, l.biases));
+  out.push_back(entry(m + ".scales", sd, l.stored(k / l.format.group_size), l.scales));
+  if (l.format.mode == Mode::affine)
+    out.push_back(entry(m + ".biases", sd, l.stored(k / l.format.group_size), l.biases));
 }
 
 Json write_config(Json& config, const Scheme& common, const Json&, const QuantMeta& meta) {

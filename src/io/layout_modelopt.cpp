@@ -53,6 +53,7 @@ Layer read_modelopt(const Checkpoint& ck, const Json&, const std::string& m) {
 
 void emit_modelopt(const Layer& l, std::vector<Out>& out) {
   const std::string& m = l.module;
+  check_not_stacked(l, kModelOptLayout);
   if (l.format.mode != Mode::nvfp4)
     layer_error(m, std::string("ModelOpt export holds nvfp4 only, not ") + name(l.format.mode));
   const std::int64_t n = l.rows(), k = l.cols();

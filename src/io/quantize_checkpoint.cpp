@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "io/experts.hpp"
 #include "io/tensor_values.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
@@ -59,7 +60,11 @@ bool conv1d_weight(const Json& config, const std::string& module) {
 }
 
 // The reason reported for a weight-like tensor left in high precision.
-std::string kept_reason(Keep k, const std::string& name, const Shape& shape, StDType dtype, int group) {
+std::string kept_reason(Keep k, const std::string& name, const Shape& shape, StDType dtype, int group,
+                        const LayoutOps& lay, bool gptoss) {
+  if (k == Keep::rank && gptoss && gptoss_expert_weight(name, shape))
+    return keep_text(k, shape, dtype) + " stacked experts: " + lay.title +
+           " has no form for them (its MoE loaders read per-expert 2-D weights); --export mlx quantizes them";
   if (k == Keep::rank)
     return keep_text(k, shape, dtype) + (stacked_experts(name, shape) ? " stacked experts" : "") +
            ": the exported layouts quantize 2-D Linear weights only";
@@ -161,6 +166,103 @@ std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool
   return j.dump();
 }
 
+// A layer to quantize, planned as a skeleton (shapes, no data) to validate the layout up front.
+struct Sel {
+  std::string name, module;  // the primary input tensor, the layer written
+  Layer skel;
+  std::optional<ExpertRows> experts;  // a stacked-experts layer: where its rows come from
+};
+
+// mlx-lm's SwitchGLU holds a projection's experts as one [experts, N, K] layer, and its sanitize
+// stacks only float weights (Qwen3-MoE's only `.weight`), so quantized ones are stacked here:
+// "<p>.experts.<i>.<proj>.weight" of experts 0 to E-1 become "<p>.switch_mlp.<proj>".
+void stack_per_expert(std::vector<Sel>& chosen, const std::map<std::string, std::string>& kept) {
+  std::vector<std::string> names;
+  for (const Sel& s : chosen) names.push_back(s.name);
+  std::set<std::string> modules;
+  for (const std::string& n : names)
+    if (const auto e = per_expert_name(n)) modules.insert(switch_mlp_module(*e));
+  if (modules.empty()) return;
+  for (const auto& [n, why] : kept)
+    if (const auto e = per_expert_name(n))
+      if (modules.count(switch_mlp_module(*e)))
+        throw Error("expert weight " + detail::quote(n) + " is left in high precision (" + why +
+                    ") while the other experts of " + detail::quote(e->prefix) +
+                    " are quantized: mlx-lm holds a projection's experts as one stacked layer of one format. "
+                    "Quantize all of them or none (--exclude '" +
+                    e->prefix + ".experts.*')");
+  const std::vector<ExpertGroup> groups = expert_groups(names);
+  std::vector<bool> drop(chosen.size(), false);
+  std::vector<Sel> stacked;
+  for (const ExpertGroup& g : groups) {
+    const Sel& first = chosen[g.members.front()];
+    ExpertRows r;
+    r.module = g.module;
+    r.experts = static_cast<std::int64_t>(g.members.size());
+    r.rows = first.skel.rows();
+    r.cols = first.skel.cols();
+    for (std::size_t i : g.members) {
+      const Sel& s = chosen[i];
+      if (s.skel.shape != first.skel.shape || s.skel.float_dtype != first.skel.float_dtype)
+        throw Error("expert weight " + detail::quote(s.name) + " is " + st_dtype_name(s.skel.float_dtype) + " " +
+                    shape_str(s.skel.shape, ShapeStyle::list) + " but " + detail::quote(first.name) + " is " +
+                    st_dtype_name(first.skel.float_dtype) + " " + shape_str(first.skel.shape, ShapeStyle::list) +
+                    ": mlx-lm stacks a projection's experts into one tensor");
+      r.tensors.push_back(s.name);
+      drop[i] = true;
+    }
+    Layer l = first.skel;
+    l.module = r.module;
+    l.shape = {mul(r.module, r.experts, r.rows, "experts x rows"), r.cols};
+    l.experts = r.experts;
+    stacked.push_back({first.name, r.module, std::move(l), std::move(r)});
+  }
+  std::vector<Sel> out;
+  for (std::size_t i = 0; i < chosen.size(); ++i)
+    if (!drop[i]) out.push_back(std::move(chosen[i]));
+  for (Sel& s : stacked) out.push_back(std::move(s));
+  chosen = std::move(out);
+}
+
+// gpt-oss's expert biases as mlx-lm's split model names them, when its experts are written split
+// (mlx-lm then skips its own sanitize, which would otherwise split them): gate_up_proj_bias
+// [E, 2N] becomes gate_proj.bias and up_proj.bias (even and odd columns), down_proj_bias
+// down_proj.bias.
+std::vector<Item> gptoss_bias_items(const Input& in, const std::string& name, Report& report) {
+  std::vector<Item> items;
+  const StTensor& t = in.ck.tensor(name);
+  if (t.shape.size() != 2)
+    throw Error("gpt-oss expert bias " + detail::quote(name) + " is " + shape_str(t.shape, ShapeStyle::list) +
+                ", expected [experts, columns]");
+  for (const BiasPart& part : gptoss_bias_parts(name)) {
+    const Shape shape = {t.shape[0], (t.shape[1] - part.col_start + part.col_step - 1) / part.col_step};
+    Item it = tensor_item(in, name, part.name);
+    it.entries = {{part.name, t.dtype, shape}};
+    it.run = [&in, &report, name, part, shape](SafetensorsWriter& w) {
+      const StTensor& src = in.ck.tensor(name);
+      const std::size_t size = st_nbytes(src.dtype, {1});
+      std::vector<std::byte> out(static_cast<std::size_t>(shape[0] * shape[1]) * size);
+      for (std::int64_t e = 0; e < shape[0]; ++e)
+        for (std::int64_t c = 0; c < shape[1]; ++c)
+          std::memcpy(
+              out.data() + static_cast<std::size_t>(e * shape[1] + c) * size,
+              src.data.data() + static_cast<std::size_t>(e * src.shape[1] + part.col_start + c * part.col_step) * size,
+              size);
+      w.write(part.name, out);
+      TensorReport r;
+      r.name = part.name;
+      r.action = TensorAction::copied;
+      r.format = src.dtype_name();
+      r.shape = shape;
+      r.bytes_in = src.data.size();
+      r.bytes_out = out.size();
+      report.tensors.push_back(std::move(r));
+    };
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
 }  // namespace
 
 Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
@@ -195,11 +297,10 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   const bool three = base.mode == Mode::nvfp4 && lay.global_scale;
 
   Report report;
+  // MLX writes experts as mlx-lm's SwitchGLU holds them: stacked [experts, N, K] (experts.hpp).
+  const bool mlx = opt.to == Convention::mlx;
+  const bool gptoss = is_gptoss(in.config);
   // Select, and plan the layers as skeletons (shapes, no data) to validate the layout up front.
-  struct Sel {
-    std::string name, module;
-    Layer skel;
-  };
   std::vector<Sel> chosen;
   std::vector<std::string> ignore;
   std::map<std::string, std::string> kept;                     // weight-like tensor -> why it stays in high precision
@@ -214,11 +315,12 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     all_modules.insert(module_of(n));
     if (!looks_like_weight(n, t.shape)) continue;  // biases, norms, buffers: copied
     const std::string m = owner_module(n);
-    Keep why = t.shape.size() != 2 ? Keep::rank : default_keep(n, t.shape, dtype);
+    const bool gptoss_stack = mlx && gptoss && gptoss_expert_weight(n, t.shape);
+    Keep why = gptoss_stack ? Keep::quantize : t.shape.size() != 2 ? Keep::rank : default_keep(n, t.shape, dtype);
     if (by_name(why) && matches(opt.include, m)) why = Keep::quantize;
     if (why == Keep::quantize && matches(opt.exclude, m)) why = Keep::excluded;
     if (why == Keep::quantize && t.shape[1] % base.group_size != 0) why = Keep::group;
-    const std::string reason = kept_reason(why, n, t.shape, dtype, base.group_size);
+    const std::string reason = kept_reason(why, n, t.shape, dtype, base.group_size, lay, gptoss);
     if (!weight_modules.count(m) || why != Keep::quantize) weight_modules[m] = reason;
     if (why != Keep::quantize) {
       kept[n] = reason;
@@ -227,11 +329,31 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
       continue;
     }
     if (conv1d_weight(in.config, m)) conv1d.push_back(n);
+    if (gptoss_stack) {  // [E, in, out]: K is the input dimension, shape[1]
+      for (ExpertRows& r : gptoss_layers(n, t.shape)) {
+        Layer l = Layer::of(r.module, base, {mul(n, r.experts, r.rows, "experts x rows"), r.cols});
+        l.experts = r.experts;
+        l.float_dtype = dtype;
+        chosen.push_back({n, r.module, std::move(l), std::move(r)});
+      }
+      continue;
+    }
     Layer l = Layer::of(m, base, t.shape);
     l.float_dtype = dtype;
     if (three) l.global = Global::of_amax(1.0f);
-    chosen.push_back({n, m, std::move(l)});
+    chosen.push_back({n, m, std::move(l), std::nullopt});
   }
+  if (mlx) stack_per_expert(chosen, kept);
+  // gpt-oss in MLX: mlx-lm reads its experts either all split (gate_proj, up_proj, down_proj; its
+  // sanitize then stands aside) or all in the original stacked form, never a mix.
+  const bool gptoss_split =
+      std::any_of(chosen.begin(), chosen.end(), [](const Sel& s) { return s.experts && s.experts->col_step; });
+  if (gptoss_split)
+    for (const auto& [n, why] : kept)
+      if (gptoss_expert_weight(n, in.ck.tensor(n).shape))
+        throw Error("gpt-oss expert weight " + detail::quote(n) + " is left in high precision (" + why +
+                    ") while other expert weights are quantized: mlx-lm reads gpt-oss's experts all split and "
+                    "quantized or all in the original form. Quantize all of them or none (--exclude experts)");
 
   // Patterns and module names that select nothing are typos: refuse them.
   auto example = [&] {
@@ -351,9 +473,20 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   };
 
   std::vector<Item> items;
-  std::map<std::string, const Sel*> by_name;
-  for (const Sel& s : chosen) by_name[s.name] = &s;
+  std::map<std::string, std::vector<const Sel*>> by_name;  // primary tensor -> its layers (gate_up: two)
+  std::set<std::string> stacked_parts;                     // other experts' tensors of a stacked layer
+  for (const Sel& s : chosen) {
+    by_name[s.name].push_back(&s);
+    if (s.experts)
+      for (const std::string& t : s.experts->tensors)
+        if (t != s.name) stacked_parts.insert(t);
+  }
   for (const std::string& n : in.ck.names()) {
+    if (stacked_parts.count(n)) continue;
+    if (gptoss_split && !gptoss_bias_parts(n).empty()) {
+      for (Item& it : gptoss_bias_items(in, n, report)) items.push_back(std::move(it));
+      continue;
+    }
     auto sel = by_name.find(n);
     if (sel == by_name.end()) {
       if (det.sources.consumed.count(n) && !det.sources.find(n)) continue;  // FP8 scales: dropped
@@ -364,58 +497,73 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
         items.push_back(k == kept.end() ? passthrough(in, n, report) : passthrough(in, n, report, k->second));
       continue;
     }
-    const Sel& s = *sel->second;
-    Item it = tensor_item(in, n, s.module);
-    it.entries = entries_of(emit(s.skel, opt.to));
-    it.run = [&, sp = &s](SafetensorsWriter& w) {
-      const StTensor& src = in.ck.tensor(sp->name);
-      Tensor storage;
-      const TensorView x = float_values(in.ck, det.sources, sp->name, storage);
-      const std::int64_t nonfinite = count_nonfinite(
-          {static_cast<const std::byte*>(x.data), static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype)},
-          to_st_dtype(x.dtype));
-      if (nonfinite && base.nonfinite == NonFinite::error)
-        throw Error("tensor " + detail::quote(sp->name) + " has " + std::to_string(nonfinite) +
-                    " non-finite values (NaN/Inf) of " + std::to_string(src.numel()) +
-                    "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
-                    "in the blocks they hit) or saturate");
-      const auto group = group_of.find(sp->module);
-      const std::optional<float> fused =
-          group != group_of.end() ? std::optional(shared_amax(group->second)) : std::nullopt;
-      QuantSpec spec = base;
-      if (three) spec.global_scale = fused ? *fused : global_scale(x);
-      Quantized q;
-      try {
-        if (const auto h = hessians.find(sp->module); h != hessians.end()) {
-          const std::vector<double> hv = hessian_values(*h->second);
-          q = gptq(x, HessianView{hv.data(), h->second->shape}, spec, opt.gptq);
-        } else {
-          // A fused group keeps its one global scale: mse searches only the block scales there.
-          q = ops::quantize(x, spec, !fused.has_value());
+    for (const Sel* selp : sel->second) {
+      const Sel& s = *selp;
+      Item it = tensor_item(in, n, s.module);
+      it.entries = entries_of(emit(s.skel, opt.to));
+      if (s.experts)
+        for (const std::string& t : s.experts->tensors)
+          if (t != n) {
+            it.inputs.push_back(in.ck.tensor(t).data);
+            it.in_bytes += in.ck.tensor(t).data.size();
+          }
+      it.run = [&, sp = &s, bytes_in = it.in_bytes](SafetensorsWriter& w) {
+        const StTensor& src = in.ck.tensor(sp->name);
+        Tensor storage;
+        const TensorView x = sp->experts ? (storage = gather_rows(in.ck, det.sources, *sp->experts), storage.view())
+                                         : float_values(in.ck, det.sources, sp->name, storage);
+        const std::int64_t nonfinite = count_nonfinite(
+            {static_cast<const std::byte*>(x.data), static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype)},
+            to_st_dtype(x.dtype));
+        if (nonfinite && base.nonfinite == NonFinite::error)
+          throw Error("tensor " + detail::quote(sp->name) + " has " + std::to_string(nonfinite) +
+                      " non-finite values (NaN/Inf) of " + std::to_string(src.numel()) +
+                      "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
+                      "in the blocks they hit) or saturate");
+        const auto group = group_of.find(sp->module);
+        const std::optional<float> fused =
+            group != group_of.end() ? std::optional(shared_amax(group->second)) : std::nullopt;
+        QuantSpec spec = base;
+        if (three) spec.global_scale = fused ? *fused : global_scale(x);
+        Quantized q;
+        try {
+          if (const auto h = hessians.find(sp->module); h != hessians.end()) {
+            // One Hessian describes one layer's inputs; each expert of a stack sees its own.
+            if (sp->experts)
+              throw Error(
+                  "--hessians: stacked experts take one Hessian per expert, which this "
+                  "file format has no name for; leave " +
+                  detail::quote(sp->module) + " out of the file");
+            const std::vector<double> hv = hessian_values(*h->second);
+            q = gptq(x, HessianView{hv.data(), h->second->shape}, spec, opt.gptq);
+          } else {
+            // A fused group keeps its one global scale: mse searches only the block scales there.
+            q = ops::quantize(x, spec, !fused.has_value());
+          }
+        } catch (const Error& e) {
+          throw Error("tensor " + detail::quote(sp->name) + ": " + e.what());
         }
-      } catch (const Error& e) {
-        throw Error("tensor " + detail::quote(sp->name) + ": " + e.what());
-      }
-      Layer l = sp->skel;
-      l.point_at(q);
-      l.global = three ? Global::of_amax(*q.spec.global_scale) : Global{};
-      TensorReport r;
-      r.name = sp->module;
-      r.action = TensorAction::quantized;
-      r.format = name(q.spec.mode);
-      r.shape = src.shape;
-      r.bytes_in = src.data.size();
-      r.nonfinite = nonfinite;
-      write_emitted(w, emit(l, opt.to), r);
-      if (opt.measure_error) {
-        double sqnr = 0;
-        r.rel_error = rel_error(x, dequantize(q, DType::float32), &sqnr);
-        r.sqnr_db = sqnr;
-      }
-      release(src.data);
-      report.tensors.push_back(std::move(r));
-    };
-    items.push_back(std::move(it));
+        Layer l = sp->skel;
+        l.point_at(q);
+        l.global = three ? Global::of_amax(*q.spec.global_scale) : Global{};
+        TensorReport r;
+        r.name = sp->module;
+        r.action = TensorAction::quantized;
+        r.format = name(q.spec.mode);
+        r.shape = sp->experts ? l.stored(l.cols()) : src.shape;
+        r.bytes_in = bytes_in;
+        r.nonfinite = nonfinite;
+        write_emitted(w, emit(l, opt.to), r);
+        if (opt.measure_error) {
+          double sqnr = 0;
+          r.rel_error = rel_error(x, dequantize(q, DType::float32), &sqnr);
+          r.sqnr_db = sqnr;
+        }
+        release(src.data);
+        report.tensors.push_back(std::move(r));
+      };
+      items.push_back(std::move(it));
+    }
   }
 
   note_dropped(det.sources, report);

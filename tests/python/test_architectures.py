@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -58,9 +59,64 @@ def source(arch):
     return load_all(os.path.join(FIXTURES, arch))
 
 
-def expectation(arch):
-    """(quantized modules {module: [N, K]}, kept weight-like tensors {name: reason word},
-    modules the ignore list must name) of a fixture, from the names alone."""
+# mlx-lm's sanitize renames Mixtral's expert weights into its SwitchGLU (gate, up, down).
+MLX_SWITCH = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def model_type(arch):
+    with open(os.path.join(FIXTURES, arch, "config.json")) as f:
+        return json.load(f)["model_type"]
+
+
+def mlx_moe(arch):
+    """The experts of a fixture as mlx-lm's models hold them (their sanitize's names and shapes):
+    ({stacked module: [E, N, K]}, {stacked module: the source tensors in expert order, or the
+    gpt-oss stack and its column slice}, source tensors they replace, {float tensor: array}
+    renamed or split (gpt-oss's expert biases))."""
+    src = source(arch)
+    shapes, parts, replaced, extra = {}, {}, set(), {}
+    groups = {}
+    for name, w in src.items():
+        m = re.fullmatch(r"(.*)\.experts\.(\d+)\.(\w+)\.weight", name)
+        if m and w.ndim == 2 and m.group(3) in PROJECTIONS:
+            groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = name
+    for (prefix, proj), members in groups.items():
+        module = f"{prefix}.switch_mlp.{MLX_SWITCH.get(proj, proj)}"
+        shapes[module] = [len(members), *src[members[0]].shape]
+        parts[module] = [members[e] for e in range(len(members))]
+        replaced |= set(members.values())
+    if model_type(arch) == "gpt_oss":  # transformers' GptOssExperts: [E, in, out], gate/up interleaved
+        for name, w in src.items():
+            p = name.rpartition(".")[0] + "."
+            if name.endswith(".experts.gate_up_proj"):
+                for proj, cols in (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))):
+                    shapes[p + proj] = [w.shape[0], w.shape[2] // 2, w.shape[1]]
+                    parts[p + proj] = (name, cols)
+            elif name.endswith(".experts.down_proj"):
+                shapes[p + "down_proj"] = [w.shape[0], w.shape[2], w.shape[1]]
+                parts[p + "down_proj"] = (name, slice(None))
+            elif name.endswith(".experts.gate_up_proj_bias"):
+                extra[p + "gate_proj.bias"], extra[p + "up_proj.bias"] = w[:, ::2], w[:, 1::2]
+            elif name.endswith(".experts.down_proj_bias"):
+                extra[p + "down_proj.bias"] = w
+            else:
+                continue
+            replaced.add(name)
+    return shapes, parts, replaced, extra
+
+
+def source_weights(arch, module, value):
+    """{source tensor: array} that a stacked module's [E, N, K] `value` stands for."""
+    part = mlx_moe(arch)[1][module]
+    if isinstance(part, list):
+        return {name: value[e] for e, name in enumerate(part)}
+    return {part[0]: value.transpose(0, 2, 1)}  # one column slice of a gpt-oss stack
+
+
+def expectation(arch, export=None):
+    """(quantized modules {module: [N, K] or [E, N, K]}, kept weight-like tensors {name: reason
+    word}, modules the ignore list must name) of a fixture, from the names alone. MLX holds the
+    experts stacked, as mlx-lm's SwitchGLU does (mlx_moe)."""
     quantized, kept, ignored = {}, {}, set()
     for name, w in source(arch).items():
         module, _, leaf = name.rpartition(".")
@@ -86,12 +142,18 @@ def expectation(arch):
     with open(os.path.join(FIXTURES, arch, "config.json")) as f:
         if json.load(f).get("tie_word_embeddings") and "lm_head.weight" not in kept:
             ignored.add("lm_head")
+    if export == "mlx":
+        shapes, _, replaced, _ = mlx_moe(arch)
+        quantized = {m: s for m, s in quantized.items() if m + ".weight" not in replaced}
+        quantized.update(shapes)
+        kept = {n: why for n, why in kept.items() if n not in replaced}
     return quantized, kept, ignored
 
 
 def layer_tensors(module, shape, fmt, export):
-    """{tensor: (dtype, shape)} a quantized module must become (docs/checkpoints.md)."""
-    n, k = shape
+    """{tensor: (dtype, shape)} a quantized module must become (docs/checkpoints.md); stacked
+    experts [E, N, K] keep the leading experts axis."""
+    *lead, n, k = shape
     mode = "affine" if fmt.startswith("affine") else fmt
     bits = 8 if fmt in ("mxfp8", "affine8") else 4
     g = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32, "affine": 64}[mode]
@@ -105,7 +167,7 @@ def layer_tensors(module, shape, fmt, export):
         out = {"weight": ("U32", [n, k * bits // 32]), "scales": ("BF16" if mode == "affine" else "U8", [n, k // g])}
         if mode == "affine":
             out["biases"] = ("BF16", [n, k // g])
-    return {f"{module}.{s}": v for s, v in out.items()}
+    return {f"{module}.{s}": (dt, lead + dims) for s, (dt, dims) in out.items()}
 
 
 def tensor_headers(d):
@@ -143,7 +205,7 @@ def decode(d):
         elif name.endswith(".scales"):  # MLX: uint32 words of the same bytes, no global scale
             m = name[: -len(".scales")]
             q = {**cfg["quantization"], **cfg["quantization"].get(m, {})}
-            packed = u8(t[m + ".weight"]).reshape(t[m + ".weight"].shape[0], -1)
+            packed = u8(t[m + ".weight"])  # [..., N, K * bits / 8]: stacked experts keep their axis
             if q["mode"] == "affine":
                 out[m] = so.dequantize(packed, t[name], t[m + ".biases"], mode="affine", group_size=q["group_size"],
                                        bits=q["bits"], dtype="bfloat16")
@@ -191,22 +253,25 @@ def quantized(tmp_path_factory):
 @pytest.mark.parametrize("arch", LINEAR_ARCHS)
 def test_quantizes_exactly_the_projections(quantized, arch, fmt, export):
     out, _, report, stdout = quantized(arch, fmt, export)
-    want_q, want_kept, _ = expectation(arch)
+    want_q, want_kept, _ = expectation(arch, export)
     src = source(arch)
+    _, _, replaced, extra = mlx_moe(arch) if export == "mlx" else ({}, {}, set(), {})
     want = {}
-    for name, w in src.items():
-        module = name.rpartition(".")[0]
-        if module in want_q and name.endswith(".weight"):
-            want.update(layer_tensors(module, want_q[module], fmt, export))
-        else:
-            want[name] = ("BF16", list(w.shape))
+    for module, shape in want_q.items():
+        want.update(layer_tensors(module, shape, fmt, export))
+    copied = {n for n in src if n not in replaced and not (n.endswith(".weight") and n[: -len(".weight")] in want_q)}
+    for name in copied:
+        want[name] = ("BF16", list(src[name].shape))
+    want.update({name: ("BF16", list(w.shape)) for name, w in extra.items()})
     assert tensor_headers(out) == want
     # Everything not quantized (norms, biases, embeddings, lm_head, routers, 3-D experts,
-    # DeepSeek's e_score_correction_bias, gpt-oss's sinks) is copied byte for byte.
+    # DeepSeek's e_score_correction_bias, gpt-oss's sinks) is copied byte for byte; gpt-oss's
+    # expert biases are split into gate and up in MLX.
     got = load_all(out)
-    for name, w in src.items():
-        if name.rpartition(".")[0] not in want_q or not name.endswith(".weight"):
-            assert got[name].tobytes() == w.tobytes(), name
+    for name in copied:
+        assert got[name].tobytes() == src[name].tobytes(), name
+    for name, w in extra.items():
+        assert got[name].tobytes() == np.ascontiguousarray(w).tobytes(), name
     # Each weight left in high precision is reported with its reason, each projection quantized.
     kept, done = kept_report(report)
     assert set(kept) == set(want_kept)
@@ -232,28 +297,51 @@ def test_ignore_list_is_what_was_left(quantized, arch, fmt, export):
 @pytest.mark.parametrize("arch", LINEAR_ARCHS)
 def test_dequantize_equals_an_independent_decode(quantized, arch, fmt, export):
     out, back, _, _ = quantized(arch, fmt, export)
-    want_q, _, _ = expectation(arch)
+    want_q, _, _ = expectation(arch, export)
     ref = decode(out)
     assert set(ref) == set(want_q)
-    got = load_all(back)
-    src = source(arch)
-    assert set(got) == set(src)
-    for name, w in src.items():
-        module = name.rpartition(".")[0]
-        assert got[name].dtype == BF16 and got[name].shape == w.shape, name
-        if module in want_q and name.endswith(".weight"):
-            assert u8(got[name]).tobytes() == u8(ref[module]).tobytes(), name
-        else:
-            assert got[name].tobytes() == w.tobytes(), name
+    # Dequantize gives back transformers' form: stacked experts per expert again (gpt-oss: its
+    # [E, in, out] stacks), each equal to the independent decode of that expert's codes.
+    assert set(load_all(back)) == set(source(arch))
+    check_dequantized(arch, ref, back)
     cfg = json.load(open(os.path.join(back, "config.json")))
     assert "quantization_config" not in cfg and "quantization" not in cfg
+
+
+def dequantized_form(arch, ref):
+    """{source tensor: bf16 array} that dequantize must write for the decoded modules `ref`."""
+    src = source(arch)
+    out = {}
+    for module, value in ref.items():
+        if value.ndim == 2:
+            out[module + ".weight"] = value
+            continue
+        for name, v in source_weights(arch, module, value).items():
+            if name in src and src[name].ndim == 3:  # gpt-oss: this module's columns of the stack
+                col = mlx_moe(arch)[1][module][1]
+                stack = out.setdefault(name, np.zeros(src[name].shape, BF16))
+                stack[..., col] = v
+            else:
+                out[name] = v
+    return out
+
+
+def check_dequantized(arch, ref, back):
+    got, src = load_all(back), source(arch)
+    want = dequantized_form(arch, ref)
+    for name, w in src.items():
+        assert got[name].dtype == BF16 and got[name].shape == w.shape, name
+        if name in want:
+            assert u8(got[name]).tobytes() == u8(want[name]).tobytes(), name
+        else:
+            assert got[name].tobytes() == w.tobytes(), name
 
 
 @pytest.mark.parametrize("fmt,export", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("arch", LINEAR_ARCHS)
 def test_inspect_names_the_layout_and_every_layer(quantized, arch, fmt, export):
     out, _, _, _ = quantized(arch, fmt, export)
-    want_q, _, _ = expectation(arch)
+    want_q, _, _ = expectation(arch, export)
     text = ok("inspect", out).stdout
     assert text.splitlines()[0].endswith(f"layout {export}")
     listed = {line.split()[0] for line in text.splitlines()[1:] if line.strip()}
@@ -282,26 +370,48 @@ def codes(d):
     return out
 
 
+def per_expert_codes(arch, c):
+    """`codes` with every stacked MLX module split into its experts' modules (their source names)."""
+    parts = mlx_moe(arch)[1]
+    out = {}
+    for m, (packed, scale) in c.items():
+        if isinstance(parts.get(m), list):
+            n = len(parts[m])
+            for e, name in enumerate(parts[m]):
+                p, s = len(packed) // n, len(scale) // n
+                out[name.rpartition(".")[0]] = (packed[e * p:(e + 1) * p], scale[e * s:(e + 1) * s])
+        else:
+            out[m] = (packed, scale)
+    return out
+
+
 @pytest.mark.parametrize("src_mode,to", CONVERSIONS, ids=[f"{f}-{e}-to-{t}" for (f, e), t in CONVERSIONS])
 @pytest.mark.parametrize("arch", LINEAR_ARCHS)
 def test_convert_keeps_the_codes(quantized, tmp_path, arch, src_mode, to):
     out, _, _, _ = quantized(arch, *src_mode)
     conv = tmp_path / "conv"
+    if model_type(arch) == "gpt_oss" and src_mode[1] == "mlx" and to != "mlx":
+        # gpt-oss's split experts have no compressed-tensors or ModelOpt form: refused, nothing written.
+        r = run("convert", out, "-o", conv, "--to", to)
+        assert r.returncode != 0 and "stacked experts" in r.stderr and ".mlp.experts." in r.stderr
+        assert not conv.exists()
+        return
     ok("convert", out, "-o", conv, "--to", to)
-    want_q, _, _ = expectation(arch)
-    assert set(codes(str(conv))) == set(want_q)
-    assert codes(str(conv)) == codes(out)
+    # The same codes, per expert or stacked as the target holds them (MLX: mlx-lm's SwitchGLU).
+    assert set(per_expert_codes(arch, codes(str(conv)))) == set(expectation(arch)[0])
+    assert per_expert_codes(arch, codes(str(conv))) == per_expert_codes(arch, codes(out))
+    if to == "mlx" and model_type(arch) != "gpt_oss":
+        assert set(codes(str(conv))) == set(expectation(arch, "mlx")[0])
     # Dequantizing the converted checkpoint still equals the independent decode of its codes;
     # an MLX source is two-level, so the values do not change either.
     back = tmp_path / "back"
     ok("dequantize", conv, "-o", back)
     ref = decode(str(conv))
-    got = load_all(str(back))
-    for module, w in ref.items():
-        assert u8(got[module + ".weight"]).tobytes() == u8(w).tobytes(), module
+    check_dequantized(arch, ref, str(back))
     if src_mode[1] == "mlx":
-        before = decode(out)
-        assert all(u8(ref[m]).tobytes() == u8(before[m]).tobytes() for m in ref)
+        before, after = dequantized_form(arch, decode(out)), dequantized_form(arch, ref)
+        assert set(before) == set(after)
+        assert all(u8(after[n]).tobytes() == u8(before[n]).tobytes() for n in after)
     _, kept, want = expectation(arch)
     embeddings = {n.rpartition(".")[0] for n, why in kept.items() if why == "embedding"}
     for ignore in ignore_lists(str(conv), to):
