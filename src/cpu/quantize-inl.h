@@ -227,10 +227,12 @@ HWY_INLINE void Nvfp4Tile(const T* x, const Nvfp4& p, std::uint8_t* packed, std:
 
 // The magnitudes of a tile of N blocks of G in float32, transposed: mags[i * N + b] is |element
 // i of block b|. With 8 lanes, 8 x 8 transposes in registers (pairs of lanes, then pairs of
-// pairs within 128-bit blocks, then the 128-bit halves); otherwise through memory.
+// pairs within 128-bit blocks, then the 128-bit halves); otherwise, and on SVE (which allows no
+// arrays of vectors), through memory.
 template <std::size_t G, class T>
 HWY_INLINE void TransposeMagnitudes(const T* x, float* mags) {
   const DF df;
+#if !HWY_HAVE_SCALABLE
   if constexpr (kN == 8) {
     const hn::Repartition<double, DF> d64;
     auto lo64 = [d64](VF a, VF b) HWY_ATTR {
@@ -257,12 +259,13 @@ HWY_INLINE void TransposeMagnitudes(const T* x, float* mags) {
         hn::Store(hn::ConcatUpperUpper(df, u[4 + k], u[k]), df, mags + (j + k + 4) * 8);
       }
     }
-  } else {
-    alignas(64) float rows[kN * G];
-    for (std::size_t v = 0; v < kN * G; v += kN) hn::Store(hn::Abs(Load(x + v)), df, rows + v);
-    for (std::size_t b = 0; b < kN; ++b)
-      for (std::size_t i = 0; i < G; ++i) mags[i * kN + b] = rows[b * G + i];
+    return;
   }
+#endif
+  alignas(64) float rows[kN * G];
+  for (std::size_t v = 0; v < kN * G; v += kN) hn::Store(hn::Abs(Load(x + v)), df, rows + v);
+  for (std::size_t b = 0; b < kN; ++b)
+    for (std::size_t i = 0; i < G; ++i) mags[i * kN + b] = rows[b * G + i];
 }
 
 // fl(d*d), d = fl(fl(val(E2M1(a * enc)) * dec) - a), for magnitudes a: a term of
