@@ -432,9 +432,11 @@ MS_HD BlockScale mx_searched_block_scale(const float* x, float bamax, const MxEl
 }
 
 // mse's global-scale search for three-level nvfp4 tries the tensor amax times each of these (all
-// >= 1, so no block scale saturates that did not before; a quarter of an E4M3 step apart at the
-// bottom of a binade) and keeps the one with the least total squared error, ties to the first.
-constexpr float kNvfp4GlobalCandidates[] = {1.0f, 1.03125f, 1.0625f, 1.09375f};
+// >= 1, so no block scale saturates that did not before) and keeps the one with the least total
+// squared error, ties to the first: quarter E4M3 steps at the bottom of a binade, then 4over6's
+// 1.75 (block scales up to 256, so the max-to-4 candidates of the largest blocks fit too; on
+// extreme tails that range beats the finer steps).
+constexpr float kNvfp4GlobalCandidates[] = {1.0f, 1.03125f, 1.0625f, 1.09375f, 1.75f};
 
 // -- affine (2.3, MLX's CPU algorithm) --
 

@@ -225,25 +225,79 @@ HWY_INLINE void Nvfp4Tile(const T* x, const Nvfp4& p, std::uint8_t* packed, std:
   EncodeTile<E2M1, 16, kSat>(x, enc, bm, scales, 0x7F, !hn::AllFalse(di, bad), packed);
 }
 
-// A tile of N blocks of G in float32, transposed: cols[i * N + b] is element i of block b.
+// The magnitudes of a tile of N blocks of G in float32, transposed: mags[i * N + b] is |element
+// i of block b|. With 8 lanes, 8 x 8 transposes in registers (pairs of lanes, then pairs of
+// pairs within 128-bit blocks, then the 128-bit halves); otherwise, and on SVE (which allows no
+// arrays of vectors), through memory.
 template <std::size_t G, class T>
-HWY_INLINE void TransposeTile(const T* x, float* cols) {
+HWY_INLINE void TransposeMagnitudes(const T* x, float* mags) {
+  const DF df;
+#if !HWY_HAVE_SCALABLE
+  if constexpr (kN == 8) {
+    const hn::Repartition<double, DF> d64;
+    auto lo64 = [d64](VF a, VF b) HWY_ATTR {
+      return hn::BitCast(DF(), hn::InterleaveLower(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+    };
+    auto hi64 = [d64](VF a, VF b) HWY_ATTR {
+      return hn::BitCast(DF(), hn::InterleaveUpper(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+    };
+    for (std::size_t j = 0; j < G; j += 8) {
+      VF r[8], t[8], u[8];
+      for (std::size_t b = 0; b < 8; ++b) r[b] = hn::Abs(Load(x + b * G + j));
+      for (std::size_t b = 0; b < 8; b += 2) {
+        t[b] = hn::InterleaveLower(df, r[b], r[b + 1]);
+        t[b + 1] = hn::InterleaveUpper(df, r[b], r[b + 1]);
+      }
+      for (std::size_t h = 0; h < 8; h += 4) {  // rows h..h+3: u[h + k] holds their elements k and k + 4
+        u[h] = lo64(t[h], t[h + 2]);
+        u[h + 1] = hi64(t[h], t[h + 2]);
+        u[h + 2] = lo64(t[h + 1], t[h + 3]);
+        u[h + 3] = hi64(t[h + 1], t[h + 3]);
+      }
+      for (std::size_t k = 0; k < 4; ++k) {
+        hn::Store(hn::ConcatLowerLower(df, u[4 + k], u[k]), df, mags + (j + k) * 8);
+        hn::Store(hn::ConcatUpperUpper(df, u[4 + k], u[k]), df, mags + (j + k + 4) * 8);
+      }
+    }
+    return;
+  }
+#endif
   alignas(64) float rows[kN * G];
-  for (std::size_t v = 0; v < kN * G; v += kN) hn::Store(Load(x + v), DF(), rows + v);
+  for (std::size_t v = 0; v < kN * G; v += kN) hn::Store(hn::Abs(Load(x + v)), df, rows + v);
   for (std::size_t b = 0; b < kN; ++b)
-    for (std::size_t i = 0; i < G; ++i) cols[i * kN + b] = rows[b * G + i];
+    for (std::size_t i = 0; i < G; ++i) mags[i * kN + b] = rows[b * G + i];
 }
 
-// Per lane b: the f32 sum over i in index order of fl(d*d), d = fl(fl(val(q_i) * dec) - x_i), q_i
-// = E2M1(x_i * enc): numerics::fp4_block_sq_error of block b.
+// fl(d*d), d = fl(fl(val(E2M1(a * enc)) * dec) - a), for magnitudes a: a term of
+// numerics::fp4_block_sq_error. Rounding is sign-symmetric, so for x = +-a the spec's d is +-this
+// d. The E2M1 value of y = a * enc comes without a code: adding C = 2^22 * 2^floor(log2 max(y,
+// 1)) rounds y to the format's step in its binade (0.5 below 2, 1 below 4, 2 up to 6), ties to
+// the even multiple of the step, which is the even code; subtracting C is exact. y is saturated
+// to 6 first (Inf included) unless the caller knows y < 7, which rounds to at most 6 anyway.
+template <bool kSaturate>
+HWY_INLINE VF Fp4SquaredError(VF a, VF enc, VF dec) {
+  const DF df;
+  const DI di;
+  VF y = hn::Mul(a, enc);
+  if constexpr (kSaturate) y = hn::Min(y, hn::Set(df, 6.0f));
+  const VI binade = hn::Max(hn::And(hn::BitCast(di, y), hn::Set(di, kInfBits)), hn::Set(di, 0x3F800000));
+  const VF c = hn::BitCast(df, hn::Add(binade, hn::Set(di, 22 << 23)));
+  const VF d = hn::Sub(hn::Mul(hn::Sub(hn::Add(y, c), c), dec), a);
+  return hn::Mul(d, d);
+}
+
+// Per lane b: numerics::fp4_block_sq_error of block b (the f32 sum of the terms in index order),
+// from its magnitudes (mags as TransposeMagnitudes) and their max amax.
 template <std::size_t G>
-HWY_INLINE VF Fp4SquaredErrors(const float* cols, VF enc, VF dec) {
+HWY_INLINE VF Fp4SquaredErrors(const float* mags, VF amax, VF enc, VF dec) {
   const DF df;
   VF err = hn::Zero(df);
-  for (std::size_t i = 0; i < G; ++i) {
-    const VF v = hn::Load(df, cols + i * kN);
-    const VF d = hn::Sub(hn::Mul(DecodeE2M1(EncodeElements<E2M1, false, true>(hn::Mul(v, enc))), dec), v);
-    err = hn::Add(err, hn::Mul(d, d));
+  if (hn::AllFalse(df, hn::Ge(hn::Mul(amax, enc), hn::Set(df, E2M1::ROUNDS_TO_MAX)))) {
+    for (std::size_t i = 0; i < G; ++i)
+      err = hn::Add(err, Fp4SquaredError<false>(hn::Load(df, mags + i * kN), enc, dec));
+  } else {
+    for (std::size_t i = 0; i < G; ++i)
+      err = hn::Add(err, Fp4SquaredError<true>(hn::Load(df, mags + i * kN), enc, dec));
   }
   return err;
 }
@@ -264,26 +318,33 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
                     nullptr);
     return;
   }
-  alignas(64) float cols[G * kN];
-  TransposeTile<G>(x, cols);
+  alignas(64) float mags[G * kN];
+  TransposeMagnitudes<G>(x, mags);
 
   const numerics::Nvfp4Tensor& t = p.t;
   const VF flt_max = hn::Set(df, kFltMax);
-  const VF base = hn::Min(hn::Mul(hn::BitCast(df, bm), hn::Set(df, t.s_enc * f32_from_bits(kC6Bits))), flt_max);
+  const VF amax = hn::BitCast(df, bm);
+  const VF base = hn::Min(hn::Mul(amax, hn::Set(df, t.s_enc * f32_from_bits(kC6Bits))), flt_max);
   const VI s0 = RoundMagnitude<E4M3>(hn::BitCast(di, base));
-  auto error_of = [&](VI code, VF& enc) HWY_ATTR {
+  auto factors_of = [&](VI code, VF& enc, VF& dec) HWY_ATTR {
     const VF sf = DecodeE4M3<false>(code);
     enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), flt_max);
-    const VF dec =
-        t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
-    return Fp4SquaredErrors<G>(cols, enc, dec);
+    dec = t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
   };
   VI best = s0;
-  VF best_enc;
-  VF best_err = error_of(s0, best_enc);
-  auto consider = [&](VI code, auto valid) HWY_ATTR {
-    VF enc;
-    const VF err = error_of(code, enc);
+  VF best_enc, dec0;
+  factors_of(s0, best_enc, dec0);
+  VF best_err = Fp4SquaredErrors<G>(mags, amax, best_enc, dec0);
+  // A candidate's error is at least its block max's term (a sum of non-negative terms never
+  // falls below one of them), so where that term alone reaches the best error in every valid
+  // lane, the candidate cannot win. Checked for the scales 2 and 3 steps down, where the max
+  // saturates and mostly loses so; elsewhere it would rarely skip anything.
+  auto consider = [&](VI code, auto valid, bool bounded) HWY_ATTR {
+    VF enc, dec;
+    factors_of(code, enc, dec);
+    if (bounded && hn::AllTrue(df, hn::Or(hn::Not(valid), hn::Ge(Fp4SquaredError<true>(amax, enc, dec), best_err))))
+      return;
+    const VF err = Fp4SquaredErrors<G>(mags, amax, enc, dec);
     const auto better = hn::And(valid, hn::Lt(err, best_err));
     best = hn::IfThenElse(hn::RebindMask(di, better), code, best);
     best_enc = hn::IfThenElse(better, enc, best_enc);
@@ -292,12 +353,14 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
   if (spec.scale_search == ScaleSearch::mse) {
     for (int d = 1; d <= numerics::kNvfp4MseSteps; ++d) {
       const VI step = hn::Set(di, d);
-      consider(hn::Sub(s0, step), hn::RebindMask(df, hn::Gt(s0, hn::Sub(step, hn::Set(di, 1)))));
-      consider(hn::Add(s0, step), hn::RebindMask(df, hn::Gt(hn::Set(di, E4M3::MAX_CODE + 1), hn::Add(s0, step))));
+      consider(hn::Sub(s0, step), hn::RebindMask(df, hn::Gt(s0, hn::Sub(step, hn::Set(di, 1)))), d > 1);
+      consider(hn::Add(s0, step), hn::RebindMask(df, hn::Gt(hn::Set(di, E4M3::MAX_CODE + 1), hn::Add(s0, step))),
+               false);
     }
   }
   // 4over6's max-to-4 code (mse tries it last).
-  consider(RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f)))), hn::RebindMask(df, hn::Eq(s0, s0)));
+  consider(RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f)))), hn::RebindMask(df, hn::Eq(s0, s0)),
+           false);
   StoreBytes(best, scales);
   EncodeTile<E2M1, G, false>(x, best_enc, bm, scales, 0x7F, false, packed);
 }
@@ -369,14 +432,14 @@ HWY_INLINE void Mxfp4SearchTile(const T* x, const QuantSpec& spec, DType src, st
                     nullptr);
     return;
   }
-  alignas(64) float cols[G * kN];
-  TransposeTile<G>(x, cols);
+  alignas(64) float mags[G * kN];
+  TransposeMagnitudes<G>(x, mags);
   const VI e0 = E8m0Scales<E2M1>(bm, spec.scale_rule, src);
   auto error_of = [&](VI e, VF& enc) HWY_ATTR {
     // 2^(127-e) from bits, the subnormal 2^-127 for e = 254, as MxTile.
     enc = hn::BitCast(df, hn::IfThenElse(hn::Eq(e, hn::Set(di, 254)), hn::Set(di, 0x400000),
                                          hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 254), e))));
-    return Fp4SquaredErrors<G>(cols, enc, DecodeE8M0(e));
+    return Fp4SquaredErrors<G>(mags, hn::BitCast(df, bm), enc, DecodeE8M0(e));
   };
   VI best = e0;
   VF best_enc;

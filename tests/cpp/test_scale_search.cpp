@@ -136,8 +136,27 @@ TEST(ScaleSearch, MseThreeLevelNeverWorseInTotal) {
   const Quantized mse = microscale::quantize(view(x, {64, 256}), spec_of(Mode::nvfp4, ScaleSearch::mse, amax));
   ASSERT_TRUE(mse.spec.global_scale.has_value());
   const float g = *mse.spec.global_scale;
-  EXPECT_TRUE(g == amax || g == amax * 1.03125f || g == amax * 1.0625f || g == amax * 1.09375f) << g;
+  EXPECT_TRUE(g == amax || g == amax * 1.03125f || g == amax * 1.0625f || g == amax * 1.09375f || g == amax * 1.75f)
+      << g;
   EXPECT_LE(total(block_sq_errors(decode_fp4(mse), x, 16)), total(block_sq_errors(decode_fp4(rtn), x, 16)));
+}
+
+// On an extreme tail (Student-t, 1.5 degrees of freedom: a few elements far above the rest),
+// three-level mse is not worse in total than 4over6, whose global scale (1.75 x amax) is among
+// mse's candidates.
+TEST(ScaleSearch, MseThreeLevelNotWorseThanFourOverSixOnExtremeTail) {
+  std::mt19937 rng(4);
+  std::student_t_distribution<float> student(1.5f);
+  std::vector<float> w(128 * 1024);
+  for (float& v : w) v = student(rng);
+  const TensorView wv = view(w, {128, 1024});
+  const float amax = microscale::global_scale(wv);
+  const Quantized mse = microscale::quantize(wv, spec_of(Mode::nvfp4, ScaleSearch::mse, amax));
+  const Quantized fos = microscale::quantize(wv, spec_of(Mode::nvfp4, ScaleSearch::four_over_six, amax));
+  const double em = total(block_sq_errors(decode_fp4(mse), w, 16));
+  const double ef = total(block_sq_errors(decode_fp4(fos), w, 16));
+  EXPECT_LE(em, ef) << "mse/4over6 = " << em / ef << ", mse global scale " << *mse.spec.global_scale << " amax "
+                    << amax;
 }
 
 // A heavy-tailed weight matrix (Gaussian rows times a log-normal spread): mse lowers nvfp4's

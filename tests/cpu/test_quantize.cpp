@@ -181,6 +181,41 @@ void exhaustive(DType t) {
   }
 }
 
+// The vectorised scale search (its E2M1 rounding by magic addition, the bound that skips
+// candidates, the transposes) on every finite 16-bit pattern, with NaN/Inf patterns zeroed so
+// that no tile falls back to the scalar path: ties, subnormal block scales, zero-heavy blocks.
+void exhaustive_scale_search(DType t) {
+  for (std::vector<std::uint16_t> bits : layouts(t)) {
+    const std::uint16_t exp_mask = t == DType::float16 ? 0x7C00 : 0x7F80;
+    for (std::uint16_t& b : bits)
+      if ((b & exp_mask) == exp_mask) b = 0;
+    const Input in16 = input_from_bits(bits, t);
+    const Input in32 = make_input(in16.f32, DType::float32);
+    const float amax = ref::amax_finite(in16.f32.data(), static_cast<std::int64_t>(in16.f32.size()));
+    std::vector<NamedSpec> specs;
+    for (const microscale::ScaleSearch search : {microscale::ScaleSearch::four_over_six, microscale::ScaleSearch::mse})
+      for (const std::optional<float> g : {std::optional<float>{}, std::optional<float>{amax}}) {
+        QuantSpec s;
+        s.scale_search = search;
+        s.global_scale = g;
+        specs.push_back(
+            {std::string("nvfp4 ") + microscale::name(search) + (g ? " 3-level" : ""), microscale::resolve(s)});
+      }
+    for (const ScaleRule rule : {ScaleRule::ceil, ScaleRule::floor}) {
+      QuantSpec s;
+      s.mode = Mode::mxfp4;
+      s.scale_rule = rule;
+      s.scale_search = microscale::ScaleSearch::mse;
+      specs.push_back({std::string("mxfp4 mse ") + microscale::name(rule), microscale::resolve(s)});
+    }
+    for (const Input* in : {&in16, &in32})
+      for (const NamedSpec& ns : specs) expect_matches(*in, 16, 4096, ns, "scale search, every finite pattern");
+  }
+}
+
+TEST(CpuQuantize, ScaleSearchEveryFiniteBf16Pattern) { exhaustive_scale_search(DType::bfloat16); }
+TEST(CpuQuantize, ScaleSearchEveryFiniteF16Pattern) { exhaustive_scale_search(DType::float16); }
+
 TEST(CpuQuantize, EveryBf16Pattern) { exhaustive(DType::bfloat16); }
 TEST(CpuQuantize, EveryF16Pattern) { exhaustive(DType::float16); }
 
