@@ -104,7 +104,12 @@ std::map<std::string, const StTensor*> hessians_by_module(const SafetensorsFile&
                   ", which is not quantized (" + w->second + ")");
     if (!out.emplace(m, &t).second)
       throw Error(file + ": module " + detail::quote(m) + " has two Hessians (by module and by weight name)");
-    const std::int64_t K = quantized_shape.at(m)[1];
+    const auto shape = quantized_shape.find(m);
+    if (shape == quantized_shape.end())  // an expert this export stacks with the others
+      throw Error(file + ": tensor " + detail::quote(t.name) + " names " + detail::quote(m) +
+                  ", which this export quantizes inside a stack of experts; GPTQ takes per-expert "
+                  "weights (export compressed-tensors or modelopt), so leave it out of the file");
+    const std::int64_t K = shape->second[1];
     if (t.shape != Shape{K, K})
       throw Error(file + ": tensor " + detail::quote(t.name) + " has shape " + shape_str(t.shape, ShapeStyle::dims) +
                   ", expected [K, K] = [" + std::to_string(K) + ", " + std::to_string(K) + "] for the weight of " +
@@ -528,12 +533,6 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
         Quantized q;
         try {
           if (const auto h = hessians.find(sp->module); h != hessians.end()) {
-            // One Hessian describes one layer's inputs; each expert of a stack sees its own.
-            if (sp->experts)
-              throw Error(
-                  "--hessians: stacked experts take one Hessian per expert, which this "
-                  "file format has no name for; leave " +
-                  detail::quote(sp->module) + " out of the file");
             const std::vector<double> hv = hessian_values(*h->second);
             q = gptq(x, HessianView{hv.data(), h->second->shape}, spec, opt.gptq);
           } else {

@@ -117,3 +117,19 @@ def test_bad_hessians_are_refused(model, tmp_path, tensors, extra, message):
     assert r.returncode != 0
     assert re.search(message, r.stderr), r.stderr
     assert not out.exists()
+
+
+def test_hessian_for_an_expert_that_mlx_stacks_is_refused(tmp_path):
+    """The MLX export stacks Qwen3-MoE's per-expert weights into one switch_mlp layer, so a
+    per-expert Hessian has no layer to apply to: refused by name, nothing written."""
+    src = os.path.join(ROOT, "tests", "fixtures", "qwen3_moe")
+    path = tmp_path / "h.safetensors"
+    save_file({"model.layers.0.mlp.experts.0.gate_proj": np.eye(64)}, str(path))
+    out = tmp_path / "out"
+    r = run("quantize", src, "-o", out, "--format", "nvfp4", "--export", "mlx", "--hessians", path, ok=False)
+    assert r.returncode != 0
+    assert "experts.0.gate_proj" in r.stderr and "inside a stack of experts" in r.stderr, r.stderr
+    assert not out.exists()
+    # The per-expert export takes the same file.
+    run("quantize", src, "-o", tmp_path / "ct", "--format", "nvfp4", "--export", "compressed-tensors",
+        "--hessians", path)
