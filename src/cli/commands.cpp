@@ -185,7 +185,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       std::string scale_search = "none";
       std::vector<std::string> exclude, include;
       int group = 0;
-      bool force = false, w4a4 = false, errors = false, separate = false;
+      bool force = false, w4a4 = false, errors = false, separate = false, scale_2d = false;
     };
     auto o = std::make_shared<O>();
     CLI::App* c = app.add_subcommand("quantize", "quantize the projection weights of a Hugging Face style checkpoint");
@@ -208,6 +208,8 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                   "fp4 block scales: none (round to nearest), 4over6 (nvfp4) or mse (nvfp4, mxfp4); "
                   "standard bytes either way (docs/numerics.md)")
         ->capture_default_str();
+    c->add_flag("--scale-2d", o->scale_2d,
+                "nvfp4: one block scale per 16x16 weight tile (the training recipe's 2D scaling); standard bytes");
     c->add_option("--nonfinite", o->nonfinite,
                   "NaN/Inf weights: propagate (warn, and keep them in the blocks they "
                   "hit), error (fail naming the tensor) or saturate")
@@ -237,6 +239,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              }
              opt.spec.nonfinite = nonfinite_from_name(o->nonfinite);
              opt.spec.scale_search = scale_search_from_name(o->scale_search);
+             opt.spec.scale_2d = o->scale_2d;
              const bool fp4 = opt.spec.mode == Mode::nvfp4 || opt.spec.mode == Mode::mxfp4;
              opt.to = o->to.empty() ? (fp4 ? io::Convention::compressed_tensors : io::Convention::mlx)
                                     : io::convention_from_name(o->to);

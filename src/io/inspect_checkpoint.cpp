@@ -130,6 +130,10 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
         if (it->is_object() && it->contains("producer") && (*it)["producer"].is_object())
           if (auto s = (*it)["producer"].find("scale_search"); s != (*it)["producer"].end() && s->is_string())
             res.config = "scale_search " + s->get<std::string>() + "; " + res.config;
+        if (it->is_object() && it->contains("producer") && (*it)["producer"].is_object())
+          if (auto s = (*it)["producer"].find("scale_2d");
+              s != (*it)["producer"].end() && s->is_boolean() && s->get<bool>())
+            res.config = "scale_2d (16x16 scale tiles); " + res.config;
         break;
       }
   if (std::error_code ec; fs::exists(in.dir / "hf_quant_config.json", ec))

@@ -23,6 +23,7 @@ struct QuantMeta {
   std::vector<std::string> ignore;   // weight-like tensors' modules left unquantized
   bool w4a4 = false;
   ScaleSearch scale_search = ScaleSearch::none;  // recorded in the config's producer block when searched
+  bool scale_2d = false;                         // likewise, when the nvfp4 scales are 16x16 tiles
 };
 
 // The (mode, group, bits) most layers use.

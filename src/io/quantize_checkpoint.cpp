@@ -146,6 +146,12 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   const LayoutOps& lay = layout(opt.to);
   if (lay.default_scale_rule && !opt.scale_rule_set) lay.default_scale_rule(base);
   base = resolve(base);
+  // Loaders read a checkpoint's weights as they are: transformed weights would need transformed
+  // activations, and stochastic rounding only adds error to a weight written once.
+  if (base.hadamard || base.sr_seed)
+    throw Error(std::string(base.hadamard ? "hadamard" : "sr_seed (stochastic rounding)") +
+                " is not an option of checkpoint quantization (the weights must load unchanged); use it with "
+                "quantize on tensors");
   if (lay.check_spec) lay.check_spec(base);
   // CT and ModelOpt store a global scale (three-level); mlx-lm's nvfp4 is two-level.
   const bool three = base.mode == Mode::nvfp4 && lay.global_scale;
@@ -252,6 +258,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   meta.w4a4 = w4a4;
   meta.ignore = ignore;
   meta.scale_search = base.scale_search;
+  meta.scale_2d = base.scale_2d;
   for (const Sel& s : chosen) {
     (void)emit(s.skel, opt.to);  // throws if the layout cannot hold this mode
     meta.layers.push_back(&s.skel);

@@ -298,3 +298,37 @@ def test_sr_errors():
         ms.quantize(x, sr_seed=1.5)
     with pytest.raises(ValueError, match="only defined for nvfp4"):
         ms.quantize(x, mode="mxfp4", scale_2d=True)
+
+
+def test_checkpoint_scale_2d(tmp_path):
+    """`microscale quantize --scale-2d` writes the 2D nvfp4 bytes of each weight (the numpy oracle
+    with the weight's global scale), records scale_2d in the producer block, `inspect` prints it."""
+    import json
+    import os
+    import subprocess
+
+    from ckpt_support import load_all, make_tensors, write_model
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cli = os.environ.get("MICROSCALE_CLI") or os.path.join(root, "build", "src", "cli", "microscale")
+    if not os.access(cli, os.X_OK):
+        pytest.skip(f"no microscale command at {cli}")
+    src = tmp_path / "src"
+    tensors = make_tensors(layers=1)
+    write_model(src, tensors, shards=1)
+    out = tmp_path / "out"
+    r = subprocess.run([cli, "quantize", str(src), "-o", str(out), "--scale-2d", "--separate-fused-scales"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["producer"]["scale_2d"] is True
+    r = subprocess.run([cli, "inspect", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "config: scale_2d (16x16 scale tiles); " in r.stdout, r.stdout + r.stderr
+    got = load_all(out)
+    name = "model.layers.0.mlp.down_proj"
+    w = np.asarray(tensors[name + ".weight"], np.float32)
+    amax = np.float32(2688.0) / np.float32(got[name + ".weight_global_scale"].reshape(-1)[0])
+    want_p, want_s = oracle_2d(w, ms.global_scale(w))
+    assert np.float32(amax) == pytest.approx(ms.global_scale(w), rel=1e-6)
+    np.testing.assert_array_equal(got[name + ".weight_scale"].view(np.uint8), want_s)
+    np.testing.assert_array_equal(got[name + ".weight_packed"], want_p)
