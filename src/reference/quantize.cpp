@@ -68,7 +68,7 @@ void nvfp4_2d(const float* x, std::int64_t rows, std::int64_t K, const QuantSpec
       bool finite = true;
       for (std::int64_t r = r0; r < r1; ++r) {
         finite = finite && all_finite(x + r * K + j * G, G);
-        amax = std::max(amax, block_amax(x + r * K + j * G, G));  // amax_step order within each row
+        amax = std::max(amax, block_amax(x + r * K + j * G, G));  // NaN skipped, Inf kept, as per block
       }
       const bool nan_tile = !finite && spec.nonfinite != NonFinite::saturate;
       const numerics::BlockScale s = numerics::nvfp4_block_scale(amax, t);
