@@ -332,3 +332,14 @@ def test_checkpoint_scale_2d(tmp_path):
     assert np.float32(amax) == pytest.approx(ms.global_scale(w), rel=1e-6)
     np.testing.assert_array_equal(got[name + ".weight_scale"].view(np.uint8), want_s)
     np.testing.assert_array_equal(got[name + ".weight_packed"], want_p)
+
+
+def test_quantize_dequantize_takes_the_options():
+    x = heavy((32, 64), 10)
+    g = ms.global_scale(x)
+    for kw in [dict(sr_seed=5), dict(scale_2d=True), dict(sr_seed=5, scale_2d=True)]:
+        want = ms.dequantize(*ms.quantize(x, global_scale=g, **kw), global_scale=g)
+        np.testing.assert_array_equal(ms.quantize_dequantize(x, global_scale=g, **kw), want)
+    y = ms.hadamard_transform(x)
+    np.testing.assert_array_equal(ms.quantize_dequantize(x, hadamard=True),
+                                  ms.quantize_dequantize(y))
