@@ -4,6 +4,7 @@
 
 #include "core/convert.hpp"
 #include "core/recipe.hpp"
+#include "cpu/parallel.hpp"
 #include "microscale/quantize.hpp"
 #include "ops/kernels.hpp"
 #include "ops/plan.hpp"
@@ -26,14 +27,18 @@ Tensor hadamard_transform(const TensorView& x, DType out) {
   const detail::Rows xr = detail::rows_of(ops::host_readable(x, keep));
   Tensor y = Tensor::uninitialized(out, x.shape);
   const std::size_t in_size = dtype_size(x.dtype), out_size = dtype_size(out);
-  float chunk[N], transformed[N];
-  for (std::int64_t c = 0; c < xr.numel; c += N) {
-    for (int i = 0; i < N; ++i)
-      chunk[i] = detail::load_f32(xr.data + static_cast<std::size_t>(c + i) * in_size, x.dtype);
-    numerics::hadamard16(chunk, transformed);
-    for (int j = 0; j < N; ++j)
-      detail::store_f32(transformed[j], out, y.bytes() + static_cast<std::size_t>(c + j) * out_size);
-  }
+  std::byte* yb = y.bytes();
+  // Chunks are independent: any split across threads gives the same values.
+  cpu::parallel_for(xr.numel / N, 4096, [&](std::int64_t c0, std::int64_t c1) {
+    float chunk[N], transformed[N];
+    for (std::int64_t c = c0 * N; c < c1 * N; c += N) {
+      for (int i = 0; i < N; ++i)
+        chunk[i] = detail::load_f32(xr.data + static_cast<std::size_t>(c + i) * in_size, x.dtype);
+      numerics::hadamard16(chunk, transformed);
+      for (int j = 0; j < N; ++j)
+        detail::store_f32(transformed[j], out, yb + static_cast<std::size_t>(c + j) * out_size);
+    }
+  });
   return y;
 }
 
