@@ -1,6 +1,7 @@
 // Quantization modes and their options. Defaults are FORMATS.md section 2 (the contract).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -34,6 +35,18 @@ struct QuantSpec {
   // nvfp4 only: the tensor's amax as float32 (not an encode or decode factor). Present means
   // three-level NVFP4; must be finite and >= 0.
   std::optional<float> global_scale;
+  // The NVFP4 training recipe (docs/numerics.md, "Training-recipe numerics"); all off by default.
+  // nvfp4 only: one scale per 16x16 tile (16 rows x 16 K-columns; rows are the leading axes
+  // flattened), repeated in the compact scales of the tile's 16 rows, so W and W^T quantize to
+  // transposes of each other.
+  bool scale_2d = false;
+  // fp modes: quantize hadamard_transform(x) (the 16-point random Hadamard transform along K)
+  // instead of x; a global_scale must then be the amax of the transformed tensor.
+  bool hadamard = false;
+  // nvfp4 and mxfp4: present = E2M1 elements are rounded stochastically, with random bits keyed
+  // by (this seed, the element's row-major flat index): reproducible on every backend and
+  // thread count.
+  std::optional<std::uint64_t> sr_seed;
 };
 
 // Fills in default group_size and bits and checks every field against the mode; throws Error

@@ -33,6 +33,13 @@ Tensor dequantize(const Quantized& q, DType dtype);
 Tensor dequantize(const TensorView& packed, const TensorView& scales, const TensorView* biases, const QuantSpec& spec,
                   DType dtype);
 
+// The 16-point random Hadamard transform of the NVFP4 training recipe along the last axis (K a
+// multiple of 16; docs/numerics.md): per chunk of 16, y = RN_bf16(0.25 * (d * x) H) with H the
+// Sylvester Hadamard matrix and d TransformerEngine's signs (0xD7E8). x is float32, float16 or
+// bfloat16; y has x's shape and dtype `out` (float32 or bfloat16; the values are bfloat16 either
+// way). Transforming both operands of x @ w^T leaves the product unchanged up to rounding.
+Tensor hadamard_transform(const TensorView& x, DType out = DType::bfloat16);
+
 // Tensor amax as float32, ignoring NaN and +-Inf (0 when no finite value): the value nvfp4 takes
 // as global_scale.
 float global_scale(const TensorView& x);

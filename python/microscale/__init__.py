@@ -44,6 +44,7 @@ __all__ = [
     "global_scale",
     "gptq",
     "accumulate_hessian",
+    "hadamard_transform",
     "swizzle_scales",
     "unswizzle_scales",
     "encode",
@@ -278,6 +279,27 @@ def _opt_int(v, what):
     return i
 
 
+def _bool(v, what):
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{what} must be a bool, got {type(v).__name__}")
+    return bool(v)
+
+
+def _seed_arg(v):
+    """None, or a seed in [0, 2**64) (an int, not a bool)."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise TypeError("sr_seed must be an int or None, got bool")
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise TypeError(f"sr_seed must be an int or None, got {type(v).__name__}") from None
+    if not 0 <= i < 2**64:
+        raise ValueError(f"sr_seed must be in [0, 2**64), got {i}")
+    return i
+
+
 def _global_scale_arg(g):
     """None, or the float32 value of a Python float, numpy scalar, 0-d or 1-element array."""
     if g is None:
@@ -301,17 +323,19 @@ _SPEC_CACHE = {}
 
 
 def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propagate",
-          layout="compact", elem="e4m3", global_scale=None, scale_search="none"):
+          layout="compact", elem="e4m3", global_scale=None, scale_search="none", scale_2d=False,
+          hadamard=False, sr_seed=None):
     """The _core.QuantSpec of these arguments: types checked here, names parsed (and refused,
     ValueError) by the C++ enums' from_name."""
     key = (mode, group_size, type(group_size), bits, type(bits), scale_rule, nonfinite, layout,
-           elem, global_scale, type(global_scale), scale_search)
+           elem, global_scale, type(global_scale), scale_search, scale_2d, type(scale_2d),
+           hadamard, type(hadamard), sr_seed, type(sr_seed))
     try:
         return _SPEC_CACHE[key]
     except (KeyError, TypeError):  # TypeError: an array global_scale is not hashable
         pass
     spec = _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
-                      scale_search)
+                      scale_search, scale_2d, hadamard, sr_seed)
     try:
         if len(_SPEC_CACHE) >= 256:
             _SPEC_CACHE.clear()
@@ -322,7 +346,7 @@ def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propag
 
 
 def _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
-               scale_search):
+               scale_search, scale_2d, hadamard, sr_seed):
     mode = _str(mode, "mode")
     group_size = _opt_int(group_size, "group_size")
     bits = _opt_int(bits, "bits")
@@ -336,7 +360,9 @@ def _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, glob
         scale_rule=_core.ScaleRule.from_name(scale_rule),
         nonfinite=_core.NonFinite.from_name(nonfinite), layout=_core.Layout.from_name(layout),
         elem=_core.Elem.from_name(elem), global_scale=global_scale,
-        scale_search=_core.ScaleSearch.from_name(_str(scale_search, "scale_search")))
+        scale_search=_core.ScaleSearch.from_name(_str(scale_search, "scale_search")),
+        scale_2d=_bool(scale_2d, "scale_2d"), hadamard=_bool(hadamard, "hadamard"),
+        sr_seed=_seed_arg(sr_seed))
 
 
 def _dtype_name(dtype):
@@ -365,7 +391,7 @@ def _dtype_name(dtype):
 
 def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, layout="compact",
              scale_rule="ceil", nonfinite="propagate", elem="e4m3", scale_search="none",
-             out_type=None):
+             scale_2d=False, hadamard=False, sr_seed=None, out_type=None):
     """Quantize ``w`` along its last axis.
 
     Args:
@@ -392,6 +418,17 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
       scale_search: how fp4 block scales are chosen: ``"none"`` (default, round to nearest from
         the block max), ``"4over6"`` (nvfp4) or ``"mse"`` (nvfp4, mxfp4); the bytes decode with the
         standard decoder (docs/numerics.md, "Scale search").
+      scale_2d: nvfp4 only: one scale per 16x16 tile (16 rows of the flattened leading axes x 16
+        values along K; the last tile may have fewer rows), repeated in each of its rows' compact
+        scales, so ``w`` and ``w.T`` quantize to transposes of each other. Default False.
+      hadamard: fp modes: quantize :func:`hadamard_transform` of ``w`` (the 16-point random
+        Hadamard transform along K, bfloat16 values) instead of ``w``; ``dequantize`` then gives
+        transformed values. A ``global_scale`` must be the amax of the transformed tensor
+        (``global_scale(hadamard_transform(w))``). Default False.
+      sr_seed: nvfp4, mxfp4: None (default) rounds elements to nearest; an int in [0, 2**64)
+        rounds the E2M1 elements stochastically (unbiased to within 2**-8 of a grid step), with
+        random bits keyed by (seed, flat element index): the same seed gives the same bytes on
+        every backend and thread count. Scales are unchanged. Not with ``scale_search``.
       out_type: None (results are w's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
 
     Returns:
@@ -403,7 +440,7 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
     """
     arr = _float_input(w, "w")
     spec = _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
-                 scale_search)
+                 scale_search, scale_2d, hadamard, sr_seed)
     if spec.scale_search != _core.ScaleSearch.none and spec.global_scale is not None:
         q = _core.quantize(arr, spec)
         return _deliver((q.packed, q.scales), _out_kind(out_type, w)) + (q.spec.global_scale,)
@@ -412,13 +449,14 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
 
 def quantize_dequantize(x, mode="nvfp4", group_size=None, bits=None, global_scale=None,
                         scale_rule="ceil", nonfinite="propagate", elem="e4m3", dtype=None,
-                        out_type=None):
+                        scale_2d=False, hadamard=False, sr_seed=None, out_type=None):
     """Fake quantization: ``dequantize(*quantize(x, ...), ...)`` in one call, bit for bit.
 
     Args:
       x: float32, float16 or bfloat16 array ``[..., K]`` (any array type with ``__dlpack__``).
-      mode, group_size, bits, global_scale, scale_rule, nonfinite, elem: as for :func:`quantize`;
-        ``global_scale`` (nvfp4) gives the three-level round trip.
+      mode, group_size, bits, global_scale, scale_rule, nonfinite, elem, scale_2d, hadamard,
+        sr_seed: as for :func:`quantize`; ``global_scale`` (nvfp4) gives the three-level round
+        trip; with ``hadamard`` the values are those of the transformed tensor.
       dtype: output dtype; None (default) keeps x's.
       out_type: None (x's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
 
@@ -427,7 +465,8 @@ def quantize_dequantize(x, mode="nvfp4", group_size=None, bits=None, global_scal
     """
     arr = _float_input(x, "x")
     out_name = _FLOAT_NAMES[arr.dtype] if dtype is None else _dtype_name(dtype)
-    spec = _spec(mode, group_size, bits, scale_rule, nonfinite, "compact", elem, global_scale)
+    spec = _spec(mode, group_size, bits, scale_rule, nonfinite, "compact", elem, global_scale,
+                 "none", scale_2d, hadamard, sr_seed)
     return _deliver(_core.quantize_dequantize(arr, spec, _core.DType[out_name]),
                     _out_kind(out_type, x))
 
@@ -538,6 +577,26 @@ def global_scale(w):
     """The tensor amax of ``w`` as ``np.float32``, ignoring NaN and +-Inf (0 if no finite value):
     the value nvfp4 takes as ``global_scale``."""
     return np.float32(_core.global_scale(_float_input(w, "w")))
+
+
+def hadamard_transform(x, dtype="float32", out_type=None):
+    """The 16-point random Hadamard transform of the NVFP4 training recipe along the last axis.
+
+    Per chunk of 16 values along K: ``y_j = RN_bf16(0.25 * s_j)``, ``s_j`` the float32 sum in
+    index order of ``d_i * H[i][j] * x_i`` (``H`` the Sylvester Hadamard matrix,
+    ``d_i = -1`` where bit i of 0xD7E8 is set, TransformerEngine's signs). ``0.25 * D * H`` is
+    orthogonal, so transforming both operands of ``x @ w.T`` along K leaves the product
+    unchanged up to the bfloat16 rounding (docs/numerics.md, "Random Hadamard transform").
+
+    Args:
+      x: float32, float16 or bfloat16 array ``[..., K]``, K a multiple of 16.
+      dtype: output dtype, ``"float32"`` (default) or ``"bfloat16"``; the values are bfloat16
+        either way.
+      out_type: None (x's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
+    """
+    arr = _float_input(x, "x")
+    return _deliver(_core.hadamard_transform(arr, _core.DType[_dtype_name(dtype)]),
+                    _out_kind(out_type, x))
 
 
 def swizzle_scales(scales, out_type=None):

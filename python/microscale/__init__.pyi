@@ -36,11 +36,13 @@ _NumpyOut = Union[None, Literal["numpy"]]
 def quantize(w: NDArray, mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
              global_scale: Optional[Scalar] = ..., layout: str = ..., scale_rule: str = ...,
              nonfinite: str = ..., elem: str = ..., scale_search: str = ...,
+             scale_2d: bool = ..., hadamard: bool = ..., sr_seed: Optional[int] = ...,
              out_type: _NumpyOut = ...) -> tuple[NDArray, ...]: ...
 @overload
 def quantize(w: ArrayIn, mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
              global_scale: Optional[Scalar] = ..., layout: str = ..., scale_rule: str = ...,
              nonfinite: str = ..., elem: str = ..., scale_search: str = ...,
+             scale_2d: bool = ..., hadamard: bool = ..., sr_seed: Optional[int] = ...,
              out_type: OutTypeArg = ...) -> tuple[Any, ...]: ...
 @overload
 def dequantize(w_q: NDArray, scales: ArrayIn, biases: Optional[ArrayIn] = ..., mode: str = ...,
@@ -56,12 +58,16 @@ def dequantize(w_q: ArrayIn, scales: ArrayIn, biases: Optional[ArrayIn] = ..., m
 def quantize_dequantize(x: NDArray, mode: str = ..., group_size: Optional[int] = ...,
                         bits: Optional[int] = ..., global_scale: Optional[Scalar] = ...,
                         scale_rule: str = ..., nonfinite: str = ..., elem: str = ...,
-                        dtype: Optional[DTypeLike] = ..., out_type: _NumpyOut = ...) -> NDArray: ...
+                        dtype: Optional[DTypeLike] = ..., scale_2d: bool = ...,
+                        hadamard: bool = ..., sr_seed: Optional[int] = ...,
+                        out_type: _NumpyOut = ...) -> NDArray: ...
 @overload
 def quantize_dequantize(x: ArrayIn, mode: str = ..., group_size: Optional[int] = ...,
                         bits: Optional[int] = ..., global_scale: Optional[Scalar] = ...,
                         scale_rule: str = ..., nonfinite: str = ..., elem: str = ...,
-                        dtype: Optional[DTypeLike] = ..., out_type: OutTypeArg = ...) -> Any: ...
+                        dtype: Optional[DTypeLike] = ..., scale_2d: bool = ...,
+                        hadamard: bool = ..., sr_seed: Optional[int] = ...,
+                        out_type: OutTypeArg = ...) -> Any: ...
 @overload
 def gptq(w: NDArray, hessian: npt.ArrayLike, mode: str = ..., group_size: Optional[int] = ...,
          bits: Optional[int] = ..., global_scale: Optional[Scalar] = ..., layout: str = ...,
@@ -80,6 +86,12 @@ def accumulate_hessian(x: ArrayIn, h: Optional[NDArray] = ...) -> NDArray:
     ``[..., K]``); ``h`` None or a float64 C-contiguous ``[K, K]`` numpy array updated in place;
     returns ``h``."""
 def global_scale(w: ArrayIn) -> np.float32: ...
+@overload
+def hadamard_transform(x: NDArray, dtype: DTypeLike = ..., out_type: _NumpyOut = ...) -> NDArray:
+    """16-point random Hadamard transform along the last axis (K % 16 == 0); bfloat16 values."""
+@overload
+def hadamard_transform(x: ArrayIn, dtype: DTypeLike = ..., out_type: OutTypeArg = ...) -> Any:
+    """16-point random Hadamard transform along the last axis (K % 16 == 0); bfloat16 values."""
 @overload
 def swizzle_scales(scales: NDArray, out_type: _NumpyOut = ...) -> NDArray: ...
 @overload

@@ -90,6 +90,15 @@ void py_accumulate_hessian(const Array& x, nb::ndarray<double, nb::c_contig, nb:
   ms::accumulate_hessian(x.view, out);
 }
 
+nb::object py_hadamard_transform(const Array& x, ms::DType dtype) {
+  ms::Tensor y;
+  {
+    nb::gil_scoped_release release;
+    y = ms::hadamard_transform(x.view, dtype);
+  }
+  return to_numpy(std::move(y));
+}
+
 float py_global_scale(const Array& x) {
   nb::gil_scoped_release release;
   return ms::global_scale(x.view);
@@ -299,14 +308,16 @@ void bind_types(nb::module_& m) {
       .def(
           "__init__",
           [](ms::QuantSpec* s, Mode mode, int group_size, int bits, ScaleRule scale_rule, NonFinite nonfinite,
-             Layout layout, Elem elem, std::optional<float> global_scale, ScaleSearch scale_search) {
-            new (s)
-                ms::QuantSpec{mode, group_size, bits, scale_rule, nonfinite, layout, elem, scale_search, global_scale};
+             Layout layout, Elem elem, std::optional<float> global_scale, ScaleSearch scale_search, bool scale_2d,
+             bool hadamard, std::optional<std::uint64_t> sr_seed) {
+            new (s) ms::QuantSpec{mode, group_size,   bits,         scale_rule, nonfinite, layout,
+                                  elem, scale_search, global_scale, scale_2d,   hadamard,  sr_seed};
           },
           nb::kw_only(), nb::arg("mode") = Mode::nvfp4, nb::arg("group_size") = 0, nb::arg("bits") = 0,
           nb::arg("scale_rule") = ScaleRule::ceil, nb::arg("nonfinite") = NonFinite::propagate,
           nb::arg("layout") = Layout::compact, nb::arg("elem") = Elem::e4m3,
-          nb::arg("global_scale").none() = nb::none(), nb::arg("scale_search") = ScaleSearch::none)
+          nb::arg("global_scale").none() = nb::none(), nb::arg("scale_search") = ScaleSearch::none,
+          nb::arg("scale_2d") = false, nb::arg("hadamard") = false, nb::arg("sr_seed").none() = nb::none())
       .def_rw("mode", &ms::QuantSpec::mode)
       .def_rw("group_size", &ms::QuantSpec::group_size)
       .def_rw("bits", &ms::QuantSpec::bits)
@@ -315,7 +326,10 @@ void bind_types(nb::module_& m) {
       .def_rw("layout", &ms::QuantSpec::layout)
       .def_rw("elem", &ms::QuantSpec::elem)
       .def_rw("scale_search", &ms::QuantSpec::scale_search)
-      .def_rw("global_scale", &ms::QuantSpec::global_scale, nb::arg("value").none());
+      .def_rw("global_scale", &ms::QuantSpec::global_scale, nb::arg("value").none())
+      .def_rw("scale_2d", &ms::QuantSpec::scale_2d)
+      .def_rw("hadamard", &ms::QuantSpec::hadamard)
+      .def_rw("sr_seed", &ms::QuantSpec::sr_seed, nb::arg("value").none());
 
   // The parts come back as numpy arrays sharing the tensors' buffers; the constructor copies the
   // arrays it is given (C-contiguous), so the object owns what it holds.
@@ -470,6 +484,9 @@ NB_MODULE(_core, m) {
   m.def("global_scale", &py_global_scale, nb::arg("x"));
   m.def("gptq", &py_gptq, nb::arg("w"), nb::arg("hessian"), nb::arg("spec"), nb::arg("damp"), nb::arg("block_size"));
   m.def("accumulate_hessian", &py_accumulate_hessian, nb::arg("x"), nb::arg("hessian"));
+}
+
+  m.def("hadamard_transform", &py_hadamard_transform, nb::arg("x"), nb::arg("dtype"));
   m.def("quantize_parts", &py_quantize_parts, nb::arg("x"), nb::arg("spec"));
   m.def("quantize_dequantize", &py_quantize_dequantize, nb::arg("x"), nb::arg("spec"), nb::arg("dtype"));
   m.def("swizzle_scales", &py_swizzle, nb::arg("scales"));

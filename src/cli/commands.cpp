@@ -187,7 +187,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       int gptq_block_size = 128;
       std::vector<std::string> exclude, include;
       int group = 0;
-      bool force = false, w4a4 = false, errors = false, separate = false;
+      bool force = false, w4a4 = false, errors = false, separate = false, scale_2d = false;
     };
     auto o = std::make_shared<O>();
     CLI::App* c = app.add_subcommand("quantize", "quantize the projection weights of a Hugging Face style checkpoint");
@@ -216,6 +216,8 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_option("--gptq-damp", o->gptq_damp, "GPTQ dampening, a fraction of H's mean diagonal")
         ->capture_default_str();
     c->add_option("--gptq-block-size", o->gptq_block_size, "GPTQ columns per lazy batch")->capture_default_str();
+    c->add_flag("--scale-2d", o->scale_2d,
+                "nvfp4: one block scale per 16x16 weight tile (the training recipe's 2D scaling); standard bytes");
     c->add_option("--nonfinite", o->nonfinite,
                   "NaN/Inf weights: propagate (warn, and keep them in the blocks they "
                   "hit), error (fail naming the tensor) or saturate")
@@ -247,6 +249,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              opt.spec.scale_search = scale_search_from_name(o->scale_search);
              opt.hessians = o->hessians;
              opt.gptq = GptqOptions{o->gptq_damp, o->gptq_block_size};
+             opt.spec.scale_2d = o->scale_2d;
              const bool fp4 = opt.spec.mode == Mode::nvfp4 || opt.spec.mode == Mode::mxfp4;
              opt.to = o->to.empty() ? (fp4 ? io::Convention::compressed_tensors : io::Convention::mlx)
                                     : io::convention_from_name(o->to);

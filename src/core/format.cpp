@@ -115,6 +115,17 @@ QuantSpec resolve(const QuantSpec& spec) {
           search + "nvfp4, not " + mode + " (use 'mse' for mxfp4, or 'none')");
   require(r.scale_search != ScaleSearch::mse || r.mode == Mode::nvfp4 || r.mode == Mode::mxfp4,
           search + "nvfp4 and mxfp4, not " + mode + " (use 'none')");
+  // The training recipe's options (docs/numerics.md): 2D tiles are defined for nvfp4's E4M3
+  // scales, stochastic rounding for E2M1 elements; neither combines with a scale search, which
+  // scores candidates by their round-to-nearest error.
+  require(!r.scale_2d || r.mode == Mode::nvfp4, "scale_2d (16x16 scale tiles) is only defined for nvfp4");
+  require(!r.scale_2d || r.scale_search == ScaleSearch::none,
+          "scale_2d cannot be combined with scale_search (use one or the other)");
+  require(!r.hadamard || fp, "hadamard (the random Hadamard transform) is for the fp modes, not affine");
+  require(!r.sr_seed || r.mode == Mode::nvfp4 || r.mode == Mode::mxfp4,
+          "sr_seed (stochastic rounding) is only defined for the E2M1 elements of nvfp4 and mxfp4");
+  require(!r.sr_seed || r.scale_search == ScaleSearch::none,
+          "sr_seed (stochastic rounding) cannot be combined with scale_search (use one or the other)");
   if (r.global_scale) {
     require(r.mode == Mode::nvfp4, "global_scale is only supported by nvfp4");
     const float g = *r.global_scale;

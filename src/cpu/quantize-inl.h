@@ -36,8 +36,9 @@ namespace microscale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Widens a few blocks at a time and runs the reference: the whole kernel on single-lane targets,
-// where vectors gain nothing, and the searched scale modes on every target (their per-block
-// candidate loop is the scalar spec's).
+// where vectors gain nothing, the searched scale modes on every target (their per-block
+// candidate loop is the scalar spec's), and stochastic rounding (its random byte is per element).
+// Block b starts at flat element b * G, which keys the stochastic rounding.
 inline void ReferenceBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
                             std::uint8_t* packed, std::byte* scales, std::byte* biases) {
   constexpr std::int64_t kChunk = 64;
@@ -56,7 +57,7 @@ inline void ReferenceBlocks(const void* x, DType src, const QuantSpec& spec, std
     }
     std::memset(packed + b * block_bytes, 0, static_cast<std::size_t>(nb * block_bytes));  // the reference ORs bits in
     reference::quantize(buf, nb, G, src, spec, packed + b * block_bytes, scales + static_cast<std::size_t>(b) * ssize,
-                        biases ? biases + static_cast<std::size_t>(b) * ssize : nullptr);
+                        biases ? biases + static_cast<std::size_t>(b) * ssize : nullptr, b * G);
   }
 }
 
@@ -598,6 +599,7 @@ inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std:
   // Searched scales: vectors under the finite-block policies, the scalar spec under 'saturate'.
   if (spec.scale_search != ScaleSearch::none && spec.nonfinite == NonFinite::saturate)
     return ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
+  if (spec.sr_seed) return ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
   switch (src) {
     case DType::float16:
       return Blocks(static_cast<const hwy::float16_t*>(x), src, spec, b0, b1, packed, scales, biases);

@@ -10,6 +10,14 @@
 #include "cpu/parallel.hpp"
 #include "cpu/quantize-inl.h"
 
+#if HWY_ONCE
+#include <cstring>
+#include <vector>
+
+#include "core/convert.hpp"
+#include "reference/reference.hpp"
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
 
@@ -31,8 +39,34 @@ namespace microscale::cpu {
 
 HWY_EXPORT(Quantize);
 
+namespace {
+
+// scale_2d: whole tiles of 16 rows split across threads, each widened and quantized by the scalar
+// spec (the tile's amax spans rows, which the vector kernels' flat block walk does not see).
+void quantize_2d(const void* x, DType src, std::int64_t rows, std::int64_t K, const QuantSpec& spec,
+                 std::uint8_t* packed, std::byte* scales) {
+  constexpr std::int64_t kTileRows = 16;
+  const std::int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  const std::int64_t groups = K / spec.group_size, row_bytes = K / 2;
+  const std::size_t esize = dtype_size(src);
+  // ~64 KiB of f32 input per chunk.
+  const std::int64_t grain = std::max<std::int64_t>(1, 16384 / (kTileRows * std::max<std::int64_t>(K, 1)));
+  parallel_for(tiles, grain, [&](std::int64_t t0, std::int64_t t1) {
+    const std::int64_t r0 = t0 * kTileRows, r1 = std::min(t1 * kTileRows, rows);
+    std::vector<float> buf(static_cast<std::size_t>((r1 - r0) * K));
+    const auto* in = static_cast<const std::byte*>(x) + static_cast<std::size_t>(r0 * K) * esize;
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = detail::load_f32(in + i * esize, src);
+    std::memset(packed + r0 * row_bytes, 0, static_cast<std::size_t>((r1 - r0) * row_bytes));  // ORed into
+    reference::quantize(buf.data(), r1 - r0, K, src, spec, packed + r0 * row_bytes, scales + r0 * groups, nullptr,
+                        r0 * K);
+  });
+}
+
+}  // namespace
+
 void quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const QuantSpec& spec, std::uint8_t* packed,
               std::byte* scales, std::byte* biases) {
+  if (spec.scale_2d) return quantize_2d(x, src, rows, K, spec, packed, scales);
   HWY_DYNAMIC_DISPATCH(Quantize)(x, src, rows, K, spec, packed, scales, biases);
 }
 

@@ -186,6 +186,14 @@ void quantize(const DeviceTensor& x, const QuantSpec& spec, const DeviceQuantize
   if (s.scale_search != ScaleSearch::none)
     throw Error(std::string("quantize (CUDA): scale_search '") + name(s.scale_search) +
                 "' is not supported on the device; quantize on the host (reference or cpu backend)");
+  // The training recipe's options (docs/numerics.md) have host kernels only; microscale::quantize
+  // applies hadamard on the host before any backend runs.
+  if (s.scale_2d || s.hadamard || s.sr_seed)
+    throw Error(std::string("quantize (CUDA): ") +
+                (s.scale_2d   ? "scale_2d"
+                 : s.hadamard ? "hadamard"
+                              : "sr_seed (stochastic rounding)") +
+                " is not supported on the device; quantize on the host (reference or cpu backend)");
   check_pointer(x, "quantize: x");
   check_tensor(out.packed, DType::uint8, p.packed, "quantize: packed output");
   check_tensor(out.scales, p.scale_dtype, p.scales, "quantize: scales output");

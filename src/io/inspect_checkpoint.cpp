@@ -126,13 +126,16 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
     for (const char* k : {"quantization_config", "quantization"})
       if (auto it = in.config.find(k); it != in.config.end()) {
         res.config = std::string(k) + " " + it->dump();
-        // A searched scale choice (quantize --scale-search) leads, where truncation cannot hide it.
-        if (it->is_object() && it->contains("producer") && (*it)["producer"].is_object())
-          if (auto s = (*it)["producer"].find("scale_search"); s != (*it)["producer"].end() && s->is_string())
+        // How the bytes were chosen (scale search, GPTQ, 2D scales) leads, where truncation cannot hide it.
+        if (it->is_object() && it->contains("producer") && (*it)["producer"].is_object()) {
+          const nlohmann::json& producer = (*it)["producer"];
+          if (auto s = producer.find("scale_search"); s != producer.end() && s->is_string())
             res.config = "scale_search " + s->get<std::string>() + "; " + res.config;
-        if (it->is_object() && it->contains("producer") && (*it)["producer"].is_object())
-          if (auto g = (*it)["producer"].find("gptq"); g != (*it)["producer"].end() && g->is_object())
+          if (auto g = producer.find("gptq"); g != producer.end() && g->is_object())
             res.config = "gptq " + g->dump() + "; " + res.config;
+          if (auto s = producer.find("scale_2d"); s != producer.end() && s->is_boolean() && s->get<bool>())
+            res.config = "scale_2d (16x16 scale tiles); " + res.config;
+        }
         break;
       }
   if (std::error_code ec; fs::exists(in.dir / "hf_quant_config.json", ec))

@@ -206,12 +206,13 @@ Json apply_config(Json& config, std::optional<Convention> c, const QuantMeta& me
   for (const std::string& m : names) ignore.push_back(m);
   Json extra = lay.write_config(config, {static_cast<Mode>(mode_i), group, bits}, ignore, meta);
   // A searched scale choice is recorded beside the producer; the bytes are standard either way.
-  if (meta.scale_search != ScaleSearch::none) {
+  if (meta.scale_search != ScaleSearch::none || meta.scale_2d) {
     for (Json* j : {&config["quantization_config"], extra.is_object() ? &extra : nullptr}) {
       if (j == nullptr) continue;
       Json& producer = (*j)["producer"];
       if (!producer.is_object()) producer = {{"name", "microscale"}};
-      producer["scale_search"] = name(meta.scale_search);
+      if (meta.scale_search != ScaleSearch::none) producer["scale_search"] = name(meta.scale_search);
+      if (meta.scale_2d) producer["scale_2d"] = true;
     }
   }
   // So are GPTQ's layers (the others round to nearest) and its options.

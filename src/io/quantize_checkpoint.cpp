@@ -297,6 +297,12 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   const LayoutOps& lay = layout(opt.to);
   if (lay.default_scale_rule && !opt.scale_rule_set) lay.default_scale_rule(base);
   base = resolve(base);
+  // Loaders read a checkpoint's weights as they are: transformed weights would need transformed
+  // activations, and stochastic rounding only adds error to a weight written once.
+  if (base.hadamard || base.sr_seed)
+    throw Error(std::string(base.hadamard ? "hadamard" : "sr_seed (stochastic rounding)") +
+                " is not an option of checkpoint quantization (the weights must load unchanged); use it with "
+                "quantize on tensors");
   if (lay.check_spec) lay.check_spec(base);
   // CT and ModelOpt store a global scale (three-level); mlx-lm's nvfp4 is two-level.
   const bool three = base.mode == Mode::nvfp4 && lay.global_scale;
@@ -426,6 +432,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     if (base.scale_search != ScaleSearch::none)
       throw Error("--hessians (GPTQ) does not combine with --scale-search " + std::string(name(base.scale_search)) +
                   "; GPTQ chooses the codes itself");
+    if (base.scale_2d) throw Error("--hessians (GPTQ) does not combine with --scale-2d; GPTQ rounds on 1x16 blocks");
     hessian_file = SafetensorsFile::open(opt.hessians);
     std::map<std::string, Shape> shapes;
     for (const Sel& s : chosen) shapes[s.module] = in.ck.tensor(s.name).shape;
@@ -440,6 +447,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   meta.gptq = opt.gptq;
   meta.ignore = ignore;
   meta.scale_search = base.scale_search;
+  meta.scale_2d = base.scale_2d;
   for (const Sel& s : chosen) {
     (void)emit(s.skel, opt.to);  // throws if the layout cannot hold this mode
     meta.layers.push_back(&s.skel);

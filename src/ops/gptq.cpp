@@ -251,6 +251,13 @@ Quantized gptq(const TensorView& w, const HessianView& hessian, const QuantSpec&
   if (spec.scale_search != ScaleSearch::none)
     fail(std::string("scale_search ") + name(spec.scale_search) +
          " does not combine with GPTQ (GPTQ chooses the codes itself); pass scale_search none");
+  // GPTQ's grid is the 1x16 round-to-nearest one on the untransformed weight; these options
+  // would change it behind the error feedback.
+  if (spec.scale_2d || spec.hadamard || spec.sr_seed)
+    fail(std::string(spec.scale_2d   ? "scale_2d"
+                     : spec.hadamard ? "hadamard"
+                                     : "sr_seed") +
+         " does not combine with GPTQ; quantize with GPTQ alone");
   ops::QuantizePlan p;
   try {
     p = ops::plan_quantize(ops::arg_of(w), spec);

@@ -267,6 +267,9 @@ QqmmPlan plan_qqmm(const Arg& x, const Arg& w, const Arg* w_scales, const QuantS
   QqmmPlan p;
   require(spec.scale_search == ScaleSearch::none,
           "qqmm: scale_search is an option of quantize: quantize w with it and pass the packed weight and scales");
+  require(!spec.scale_2d && !spec.hadamard && !spec.sr_seed,
+          "qqmm: scale_2d, hadamard and sr_seed are options of quantize: quantize w with them and pass the packed "
+          "weight and scales (and x through hadamard_transform when w was transformed)");
   p.specs = resolve_qqmm(spec, global_scale_x, global_scale_w);
   check_x(x, op);
   require(!x.shape.empty(), "qqmm: x must have rank >= 1");

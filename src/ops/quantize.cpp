@@ -76,6 +76,17 @@ Quantized quantize(const TensorView& x, const QuantSpec& spec) { return ops::qua
 
 Quantized ops::quantize(const TensorView& x, const QuantSpec& spec, bool search_global_scale) {
   const ops::QuantizePlan p = ops::plan_quantize(ops::arg_of(x), spec);
+  if (p.spec.hadamard) {
+    // The kernels quantize the transformed (bfloat16) tensor; nonfinite 'error' then names the
+    // transformed element (the transform spreads a NaN or Inf over its chunk of 16).
+    QuantSpec inner = p.spec;
+    inner.hadamard = false;
+    const Tensor y = hadamard_transform(x, DType::bfloat16);
+    Quantized q = ops::quantize(y.view(), inner, search_global_scale);
+    q.spec.hadamard = true;
+    q.shape = x.shape;
+    return q;
+  }
   const ops::Kernels& k = ops::kernels_for("quantize", {&x});
   const detail::Rows xc = detail::rows_of(x);
   if (p.spec.nonfinite == NonFinite::error) check_finite(k, xc, x.dtype, x.shape);

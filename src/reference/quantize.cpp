@@ -4,6 +4,7 @@
 
 #include "core/convert.hpp"
 #include "core/numerics.hpp"
+#include "core/recipe.hpp"
 #include "reference/reference.hpp"
 
 namespace microscale::reference {
@@ -27,10 +28,19 @@ void put_nibble(std::uint8_t* row, std::int64_t i, std::uint8_t code) {
   row[i / 2] = static_cast<std::uint8_t>(row[i / 2] | (code << ((i & 1) * 4)));
 }
 
+// E2M1 code of a scaled element: round to nearest, or stochastically with the random byte of its
+// flat index.
+std::uint8_t e2m1_code(float v, const QuantSpec& spec, std::int64_t index) {
+  if (!spec.sr_seed) return numerics::encode_e2m1(v);
+  return numerics::encode_e2m1_stochastic(v,
+                                          numerics::stochastic_byte(*spec.sr_seed, static_cast<std::uint64_t>(index)));
+}
+
 // ---- nvfp4 (FORMATS.md 2.1) ----
 
+// `index`: flat index of x[0] in the whole tensor.
 void nvfp4_block(const float* x, const numerics::Nvfp4Search& t, const QuantSpec& spec, std::uint8_t* row,
-                 std::int64_t first, std::uint8_t* scale) {
+                 std::int64_t first, std::uint8_t* scale, std::int64_t index) {
   constexpr int G = numerics::kNvfp4Group;
   if (spec.nonfinite != NonFinite::saturate && !all_finite(x, G)) {
     *scale = numerics::E4M3::NAN_CODE;  // element codes stay 0
@@ -38,13 +48,45 @@ void nvfp4_block(const float* x, const numerics::Nvfp4Search& t, const QuantSpec
   }
   const numerics::BlockScale s = numerics::nvfp4_searched_block_scale(x, block_amax(x, G), t, spec.scale_search);
   *scale = s.code;
-  for (int i = 0; i < G; ++i) put_nibble(row, first + i, numerics::encode_e2m1(x[i] * s.enc));
+  for (int i = 0; i < G; ++i) put_nibble(row, first + i, e2m1_code(x[i] * s.enc, spec, index + i));
+}
+
+// scale_2d: one scale per tile of 16 rows x 16 columns (fewer rows at the bottom), from the tile's
+// amax by the block rule, written to each of its rows' compact scales. A non-finite tile (outside
+// 'saturate') gets the NaN scale in every row and element codes 0.
+void nvfp4_2d(const float* x, std::int64_t rows, std::int64_t K, const QuantSpec& spec, std::uint8_t* packed,
+              std::uint8_t* scales, std::int64_t index0) {
+  constexpr int G = numerics::kNvfp4Group;
+  const std::int64_t groups = K / G;
+  const std::int64_t row_bytes = K / 2;
+  const numerics::Nvfp4Tensor t =
+      numerics::nvfp4_tensor(spec.global_scale.has_value(), spec.global_scale.value_or(0.0f));
+  for (std::int64_t r0 = 0; r0 < rows; r0 += G) {
+    const std::int64_t r1 = std::min(r0 + G, rows);
+    for (std::int64_t j = 0; j < groups; ++j) {
+      float amax = 0.0f;
+      bool finite = true;
+      for (std::int64_t r = r0; r < r1; ++r) {
+        finite = finite && all_finite(x + r * K + j * G, G);
+        amax = std::max(amax, block_amax(x + r * K + j * G, G));  // NaN skipped, Inf kept, as per block
+      }
+      const bool nan_tile = !finite && spec.nonfinite != NonFinite::saturate;
+      const numerics::BlockScale s = numerics::nvfp4_block_scale(amax, t);
+      for (std::int64_t r = r0; r < r1; ++r) {
+        scales[r * groups + j] = nan_tile ? static_cast<std::uint8_t>(numerics::E4M3::NAN_CODE) : s.code;
+        if (nan_tile) continue;  // element codes stay 0
+        const float* xb = x + r * K + j * G;
+        for (int i = 0; i < G; ++i)
+          put_nibble(packed + r * row_bytes, j * G + i, e2m1_code(xb[i] * s.enc, spec, index0 + r * K + j * G + i));
+      }
+    }
+  }
 }
 
 // ---- mxfp4 / mxfp8 (FORMATS.md 2.2) ----
 
 void mx_block(const float* x, const numerics::MxElem& ef, const QuantSpec& spec, DType src, std::uint8_t* row,
-              std::int64_t first, std::uint8_t* scale) {
+              std::int64_t first, std::uint8_t* scale, std::int64_t index) {
   constexpr int G = numerics::kMxGroup;
   if (spec.nonfinite != NonFinite::saturate && !all_finite(x, G)) {
     *scale = numerics::kE8M0NaN;  // element codes stay 0
@@ -55,7 +97,7 @@ void mx_block(const float* x, const numerics::MxElem& ef, const QuantSpec& spec,
   *scale = s.code;
   for (int i = 0; i < G; ++i) {
     if (spec.mode == Mode::mxfp4)
-      put_nibble(row, first + i, numerics::encode_e2m1(x[i] * s.enc));
+      put_nibble(row, first + i, e2m1_code(x[i] * s.enc, spec, index + i));
     else
       row[first + i] = numerics::encode_fp8(spec.elem, x[i] * s.enc);
   }
@@ -100,7 +142,8 @@ float amax_finite(const float* x, std::int64_t n) {
 }
 
 void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, const QuantSpec& spec, std::uint8_t* packed,
-              std::byte* scales, std::byte* biases) {
+              std::byte* scales, std::byte* biases, std::int64_t index0) {
+  if (spec.scale_2d) return nvfp4_2d(x, rows, K, spec, packed, reinterpret_cast<std::uint8_t*>(scales), index0);
   const int g = spec.group_size;
   const std::int64_t groups = K / g;
   const std::int64_t row_bytes = K * spec.bits / 8;
@@ -116,9 +159,13 @@ void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, cons
       const std::int64_t first = j * g;
       std::byte* sp = scales + static_cast<std::size_t>(r * groups + j) * scale_size;
       switch (spec.mode) {
-        case Mode::nvfp4: nvfp4_block(xb, nv, spec, pr, first, reinterpret_cast<std::uint8_t*>(sp)); break;
+        case Mode::nvfp4:
+          nvfp4_block(xb, nv, spec, pr, first, reinterpret_cast<std::uint8_t*>(sp), index0 + r * K + first);
+          break;
         case Mode::mxfp4:
-        case Mode::mxfp8: mx_block(xb, ef, spec, src, pr, first, reinterpret_cast<std::uint8_t*>(sp)); break;
+        case Mode::mxfp8:
+          mx_block(xb, ef, spec, src, pr, first, reinterpret_cast<std::uint8_t*>(sp), index0 + r * K + first);
+          break;
         case Mode::affine:
           affine_group(xb, g, spec.bits, src, pr, first, sp,
                        biases + static_cast<std::size_t>(r * groups + j) * scale_size);

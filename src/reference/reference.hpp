@@ -16,9 +16,11 @@ namespace microscale::reference {
 // x: rows*K float32 values, exact widenings of the caller's `src` dtype (needed by the 'nearest'
 // scale rule and to round affine scales/biases). spec must be resolved; nonfinite 'error' has
 // been checked by the caller. Writes packed [rows, K*bits/8], compact scales [rows, K/group]
-// (uint8, or src-typed for affine) and, for affine, biases.
+// (uint8, or src-typed for affine) and, for affine, biases. index0 is the flat index of x[0] in
+// the whole tensor (stochastic rounding keys its random bits by it); with scale_2d, x must start
+// at a multiple of 16 rows.
 void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, const QuantSpec& spec, std::uint8_t* packed,
-              std::byte* scales, std::byte* biases);
+              std::byte* scales, std::byte* biases, std::int64_t index0 = 0);
 
 // Inverse: compact scales of dtype `scale_dtype` (uint8 for fp modes), biases of the same dtype
 // (affine), output y [rows, K] of dtype `out`.

@@ -169,6 +169,12 @@ TEST(Gptq, ArgumentErrorsNameTheArgument) {
         microscale::gptq(wv, TensorView(codes.data(), DType::uint8, {k, k}), mx);
       },
       "hessian must be float32");
+  QuantSpec nv = spec_of(Mode::nvfp4);
+  nv.scale_2d = true;
+  expect_error([&] { microscale::gptq(wv, HessianView{h.data(), {k, k}}, nv); }, "scale_2d does not combine with GPTQ");
+  nv.scale_2d = false;
+  nv.sr_seed = 7;
+  expect_error([&] { microscale::gptq(wv, HessianView{h.data(), {k, k}}, nv); }, "sr_seed does not combine with GPTQ");
   w[7] = kNaN;
   expect_error([&] { microscale::gptq(wv, HessianView{h.data(), {k, k}}, mx); }, "w holds a non-finite value");
   std::vector<double> small(10);

@@ -106,6 +106,7 @@ def test_affine_mlx_export_with_hessians(model, tmp_path):
     ({Q: np.eye(128), Q + ".weight": np.eye(128)}, [], "two Hessians"),
     ({"lm_head": np.eye(128)}, [], "not quantized"),
     ({Q: np.eye(128)}, ["--scale-search", "mse"], "does not combine with --scale-search"),
+    ({Q: np.eye(128)}, ["--scale-2d"], "does not combine with --scale-2d"),
     ({Q: -np.eye(128)}, [], "not positive definite"),
 ])
 def test_bad_hessians_are_refused(model, tmp_path, tensors, extra, message):
