@@ -243,8 +243,8 @@ HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::in
     VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
     for (std::size_t j = q * kVecsPerGroup; j < (q + 1) * kVecsPerGroup; ++j) {
       const VF even = spread(low, j), odd = spread(high, j);
-      if constexpr (kM == 1 && kVecsPerGroup > 1) {
-        // One row: the odd products go to a second chain (t1), halving the group's latency.
+      if constexpr (kM == 1 && kVecsPerGroup > 2) {
+        // One row, a factor per step: the odd products go to a second chain (t1), halving its latency.
         t0 = hn::MulAdd(hn::Load(df, x + kN * j), even, t0);
         t1 = hn::MulAdd(hn::Load(df, x + kN * (4 + j)), odd, t1);
       } else {
@@ -255,7 +255,7 @@ HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::in
         });
       }
     }
-    if constexpr (kM == 1 && kVecsPerGroup > 1) t0 = hn::Add(t0, t1);
+    if constexpr (kM == 1 && kVecsPerGroup > 2) t0 = hn::Add(t0, t1);
     const VF f = factor(q);
     Rows<kM>([&](auto m) HWY_ATTR {
       constexpr int kI = decltype(m)::value;
@@ -390,10 +390,6 @@ HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::
   const int log2_gs = std::countr_zero(static_cast<std::uint64_t>(gs));
   constexpr auto kStep = static_cast<std::int64_t>(kStepWeights);
   const bool one_group = gs >= kStep;  // every step lies in one group
-  // Wide vectors: lane l takes the factor of the step's group (32 (l / 4)) >> log2_gs.
-  alignas(64) std::int32_t block_group[kN];
-  for (std::size_t l = 0; l < kN; ++l) block_group[l] = static_cast<std::int32_t>((32 * (l / 4)) >> log2_gs);
-  [[maybe_unused]] const auto block_groups = hn::SetTableIndices(df, block_group);
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   hn::Vec<D8> low, high;
   Nibbles(codes, low, high);
@@ -403,7 +399,11 @@ HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::
     if (s + kStep != Kp) Nibbles(codes + (s + kStep) / 2, next_low, next_high);
     const auto factor = [&](std::size_t) HWY_ATTR {
       if (one_group) return hn::Set(df, scales[s >> log2_gs]);
-      if constexpr (kN > 8) return hn::TableLookupLanes(hn::LoadU(df, scales + (s >> log2_gs)), block_groups);
+      if constexpr (kN > 8) {  // lane l: the step's group (32 (l / 4)) >> log2_gs, by a lane permute
+        const DI di;
+        const VI group = hn::ShiftRightSame(hn::ShiftLeft<3>(hn::And(hn::Iota(di, 0), hn::Set(di, ~3))), log2_gs);
+        return hn::TableLookupLanes(hn::LoadU(df, scales + (s >> log2_gs)), hn::IndicesFromVec(df, group));
+      }
       return BlockFactors([&](std::size_t b) { return scales[(s + static_cast<std::int64_t>(32 * b)) >> log2_gs]; });
     };
     Step4<kM, 4>(low, high, xd + s, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
