@@ -23,6 +23,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -68,15 +69,14 @@ HWY_INLINE VF& Pick(VF& v0, VF& v1, VF& v2, VF& v3) {
 // vectors: the low nibbles (even weights) and the high nibbles (odd weights) are each looked up
 // as one byte vector, whose bytes are then spread to 32-bit lanes by byte shuffles, which work
 // within 128-bit blocks: lane i (0..3) of block b of vector j (0..3) takes byte 4j + i of block b.
-// The step's 32-bit words are first transposed (word 4b + j <- word j * kN/4 + b, the identity
-// for one block), so that vector j holds code bytes [j kN, (j + 1) kN) of the step in order:
-// lane L of vector v = 4 * high + j holds weight 2 (j kN + L) + high, and a vector's weights lie
-// in one group (two for 16-lane vectors and groups of 16), whose factor is then a broadcast.
+// So lane 4b + i of vector v = 4 * high + j holds weight 32b + 8j + 2i + high of the step: in
+// each block, a vector's weights lie in one group of 16 or more, and the factor vector of a group
+// of vectors j holds one factor per block (see BlockFactors). Leaving the code bytes in memory
+// order costs no cross-block shuffle per step.
 // Index of weight k of a step in that order:
 inline std::int64_t NibbleOrderIndex(std::int64_t k) {
-  const auto L = static_cast<std::int64_t>(kN);
-  const std::int64_t byte = k / 2, high = k % 2;
-  return (4 * high + byte / L) * L + byte % L;
+  const std::int64_t b = k / 32, j = k / 8 % 4, i = k / 2 % 4, high = k % 2;
+  return (4 * high + j) * static_cast<std::int64_t>(kN) + 4 * b + i;
 }
 
 // Rows of x times `scale` (a power of two) in nibble order, step by step, zero-padded to a whole
@@ -194,25 +194,27 @@ constexpr Spreads MakeSpreads() {
 }
 constexpr Spreads kSpreads = MakeSpreads();
 
-// Word order of a step's code bytes for the byte shuffles (see NibbleOrderIndex).
-struct StepWords {
-  alignas(64) std::uint32_t index[kN];
-};
-constexpr StepWords MakeStepWords() {
-  StepWords t{};
-  for (std::size_t w = 0; w < kN; ++w) t.index[w] = static_cast<std::uint32_t>(w % 4 * (kN / 4) + w / 4);
-  return t;
+// A factor vector whose lanes of block b (4 lanes, weights 32b .. 32b + 31 of a step) hold
+// factor(b).
+template <class FactorOfBlock>
+HWY_INLINE VF BlockFactors(const FactorOfBlock& factor) {
+  const DF df;
+  if constexpr (kN == 4) {
+    return hn::Set(df, factor(0));
+  } else if constexpr (kN == 8) {
+    const hn::Half<DF> dh;
+    return hn::Combine(df, hn::Set(dh, factor(1)), hn::Set(dh, factor(0)));
+  } else {
+    alignas(64) float lanes[kN];
+    for (std::size_t l = 0; l < kN; ++l) lanes[l] = factor(l / 4);
+    return hn::Load(df, lanes);
+  }
 }
-constexpr StepWords kStepWords = MakeStepWords();
 
-// The low and the high nibbles of kStepBytes code bytes, as byte vectors, in step word order.
+// The low and the high nibbles of kStepBytes code bytes, as byte vectors.
 HWY_INLINE void Nibbles(const std::uint8_t* codes, hn::Vec<D8>& low, hn::Vec<D8>& high) {
   const D8 d8;
-  auto bytes = hn::LoadU(d8, codes);
-  if constexpr (kN > 4) {
-    const DU du;
-    bytes = hn::BitCast(d8, hn::TableLookupLanes(hn::BitCast(du, bytes), hn::SetTableIndices(du, kStepWords.index)));
-  }
+  const auto bytes = hn::LoadU(d8, codes);
   low = hn::And(bytes, hn::Set(d8, 0x0F));
   high = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(D16(), bytes))), hn::Set(d8, 0x0F));
 }
@@ -229,7 +231,7 @@ HWY_INLINE VF SpreadUnsigned(hn::Vec<D8> bytes, std::size_t j) {
 }
 
 // One step of a 4-bit row: for each group q of the step's vectors (kVecsPerGroup vectors j
-// sharing one factor), t = sum over its vectors of x * value (low and high nibbles), then
+// sharing one factor vector), t = sum over its vectors of x * value (low and high nibbles), then
 // a += t * factor(q), with even q into the accumulators a and odd q into b, so that no dependency
 // chain is longer than two of the step's groups. spread(bytes, j) gives vector j of a looked-up
 // nibble vector as float32.
@@ -241,8 +243,8 @@ HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::in
     VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
     for (std::size_t j = q * kVecsPerGroup; j < (q + 1) * kVecsPerGroup; ++j) {
       const VF even = spread(low, j), odd = spread(high, j);
-      if constexpr (kM == 1 && kVecsPerGroup > 1) {
-        // One row: the odd products go to a second chain (t1), halving the group's latency.
+      if constexpr (kM == 1 && kVecsPerGroup > 2) {
+        // One row, a factor per step: the odd products go to a second chain (t1), halving its latency.
         t0 = hn::MulAdd(hn::Load(df, x + kN * j), even, t0);
         t1 = hn::MulAdd(hn::Load(df, x + kN * (4 + j)), odd, t1);
       } else {
@@ -253,7 +255,7 @@ HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::in
         });
       }
     }
-    if constexpr (kM == 1 && kVecsPerGroup > 1) t0 = hn::Add(t0, t1);
+    if constexpr (kM == 1 && kVecsPerGroup > 2) t0 = hn::Add(t0, t1);
     const VF f = factor(q);
     Rows<kM>([&](auto m) HWY_ATTR {
       constexpr int kI = decltype(m)::value;
@@ -284,8 +286,9 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
   const D8 d8;
   const auto table = hn::LoadDup128(d8, reinterpret_cast<const std::uint8_t*>(kTwiceE2M1));
   // A vector holds 2 kN weights: a part of one group, or two whole groups of 16 (16 lanes).
-  static_assert(2 * kN <= 2 * G, "a vector spans at most two groups");
-  constexpr std::size_t kVecsPerGroup = 2 * kN >= G ? 1 : G / (2 * kN);
+  // Vector j holds, in block b, weights 32b + 8j .. 32b + 8j + 7: those of G / 8 vectors share
+  // their groups.
+  constexpr std::size_t kVecsPerGroup = std::min<std::size_t>(4, G / 8);
   constexpr std::size_t kGroupsPerStep = kStepWeights / G;
   const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadSigned<!kScaledX>(bytes, j); };
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
@@ -304,13 +307,7 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
     hn::Vec<D8> next_low = low, next_high = high;
     if (codes != last) values(codes + kStepBytes, next_low, next_high);
     const auto factor = [&](std::size_t q) HWY_ATTR {
-      if constexpr (2 * kN > G) {  // vector q: groups 2q (lower half) and 2q + 1
-        const hn::Half<DF> dh;
-        return hn::Combine(df, hn::Set(dh, factor_of[scale_codes[2 * q + 1]]),
-                           hn::Set(dh, factor_of[scale_codes[2 * q]]));
-      } else {
-        return hn::Set(df, factor_of[scale_codes[q]]);
-      }
+      return BlockFactors([&](std::size_t b) { return factor_of[scale_codes[(32 * b + 8 * kVecsPerGroup * q) / G]]; });
     };
     Step4<kM, kVecsPerGroup>(low, high, x, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
     if (codes == last) break;
@@ -383,43 +380,38 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
 // (the caller adds each group's bias times its sum of x)
 
 // 4-bit codes (low nibble first, as fp4) against x in nibble order, with the row's scales
-// (zero-padded past the padding of the last step). Vector j of a step at weight s holds weights
-// [s + 2 kN j, s + 2 kN (j + 1)), inside one group since gs >= 32 >= 2 kN; kVecsPerGroup
-// (gs / 2 kN, at most the step's 4) vectors share a scale.
-template <int kM, std::size_t kVecsPerGroup>
-HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, int log2_gs, const float* xd,
+// (zero-padded past the padding of the last step). Groups (32, 64 or 128 weights) hold whole
+// blocks of a step, so the step's four vectors j share one factor vector.
+template <int kM>
+HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* xd,
                            std::int64_t Kp, float* sums) {
   const DF df;
   const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadUnsigned(bytes, j); };
-  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  const int log2_gs = std::countr_zero(static_cast<std::uint64_t>(gs));
   constexpr auto kStep = static_cast<std::int64_t>(kStepWeights);
+  const bool one_group = gs >= kStep;  // every step lies in one group
+  VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   hn::Vec<D8> low, high;
   Nibbles(codes, low, high);
   for (std::int64_t s = 0;; s += kStep) {  // the next step's nibbles ahead, as in Fp4Row
     hwy::Prefetch(codes + s / 2 + 2048);
     hn::Vec<D8> next_low = low, next_high = high;
     if (s + kStep != Kp) Nibbles(codes + (s + kStep) / 2, next_low, next_high);
-    const auto factor = [&](std::size_t q) HWY_ATTR {
-      return hn::Set(df, scales[(s + static_cast<std::int64_t>(q * kVecsPerGroup * 2 * kN)) >> log2_gs]);
+    const auto factor = [&](std::size_t) HWY_ATTR {
+      if (one_group) return hn::Set(df, scales[s >> log2_gs]);
+      if constexpr (kN > 8) {  // lane l: the step's group (32 (l / 4)) >> log2_gs, by a lane permute
+        const DI di;
+        const VI group = hn::ShiftRightSame(hn::ShiftLeft<3>(hn::And(hn::Iota(di, 0), hn::Set(di, ~3))), log2_gs);
+        return hn::TableLookupLanes(hn::LoadU(df, scales + (s >> log2_gs)), hn::IndicesFromVec(df, group));
+      }
+      return BlockFactors([&](std::size_t b) { return scales[(s + static_cast<std::int64_t>(32 * b)) >> log2_gs]; });
     };
-    Step4<kM, kVecsPerGroup>(low, high, xd + s, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
+    Step4<kM, 4>(low, high, xd + s, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
     if (s + kStep == Kp) break;
     low = next_low;
     high = next_high;
   }
   StoreRowSums<kM>(a0, a1, a2, a3, b0, b1, b2, b3, sums);
-}
-
-template <int kM>
-HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* xd,
-                           std::int64_t Kp, float* sums) {
-  static_assert(2 * kN <= 32, "a vector of 4-bit codes lies inside a group of 32");
-  int log2_gs = 5;  // gs is 32, 64 or 128
-  while ((std::int64_t{1} << log2_gs) < gs) ++log2_gs;
-  const auto vecs = static_cast<std::size_t>(gs) / (2 * kN);
-  if (vecs >= 4) return Affine4Row<kM, 4>(codes, scales, log2_gs, xd, Kp, sums);
-  if (vecs == 2) return Affine4Row<kM, 2>(codes, scales, log2_gs, xd, Kp, sums);
-  Affine4Row<kM, 1>(codes, scales, log2_gs, xd, Kp, sums);
 }
 
 // 8-bit codes against x in natural order.
