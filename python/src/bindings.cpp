@@ -484,8 +484,6 @@ NB_MODULE(_core, m) {
   m.def("global_scale", &py_global_scale, nb::arg("x"));
   m.def("gptq", &py_gptq, nb::arg("w"), nb::arg("hessian"), nb::arg("spec"), nb::arg("damp"), nb::arg("block_size"));
   m.def("accumulate_hessian", &py_accumulate_hessian, nb::arg("x"), nb::arg("hessian"));
-}
-
   m.def("hadamard_transform", &py_hadamard_transform, nb::arg("x"), nb::arg("dtype"));
   m.def("quantize_parts", &py_quantize_parts, nb::arg("x"), nb::arg("spec"));
   m.def("quantize_dequantize", &py_quantize_dequantize, nb::arg("x"), nb::arg("spec"), nb::arg("dtype"));
