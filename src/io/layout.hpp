@@ -25,7 +25,7 @@ struct QuantMeta {
   ScaleSearch scale_search = ScaleSearch::none;  // recorded in the config's producer block when searched
   int gptq_layers = 0;                           // layers rounded with GPTQ (recorded when > 0)
   GptqOptions gptq;
-  bool scale_2d = false;                         // likewise, when the nvfp4 scales are 16x16 tiles
+  bool scale_2d = false;  // recorded in the producer block when the nvfp4 scales are 16x16 tiles
 };
 
 // The (mode, group, bits) most layers use.
