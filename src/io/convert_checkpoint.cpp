@@ -105,7 +105,11 @@ GptossMerge gptoss_merge(const Input& in, const Detected& det) {
 }
 
 void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, std::vector<Item>& items, Report& report) {
-  for (const auto& [name, parts] : g.layers) {
+  // Named copies, not structured bindings: the lambdas below capture them (C++20 allows capturing
+  // a binding, but the clang that builds the fuzzers does not).
+  for (const auto& layer : g.layers) {
+    const std::string& name = layer.first;
+    const auto& parts = layer.second;
     const Layer& first = *parts.front();
     const std::int64_t e = first.experts, n = first.rows() / e, k = first.cols();
     Item it = layer_item(in, first);
@@ -134,7 +138,9 @@ void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, std::vecto
     };
     items.push_back(std::move(it));
   }
-  for (const auto& [name, parts] : g.biases) {
+  for (const auto& bias : g.biases) {
+    const std::string& name = bias.first;
+    const auto& parts = bias.second;
     const StTensor& t = in.ck.tensor(parts.front());
     Item it = tensor_item(in, parts.front(), name);
     for (std::size_t p = 1; p < parts.size(); ++p) {
