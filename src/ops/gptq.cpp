@@ -298,12 +298,8 @@ Quantized gptq(const TensorView& w, const HessianView& hessian, const QuantSpec&
   const Matrix u = inverse_cholesky_upper(h, K, opt.damp);
   h = Matrix();
 
-  Quantized q;
-  q.spec = p.spec;
-  q.shape = w.shape;
-  q.packed = Tensor(DType::uint8, p.packed);
+  Quantized q = ops::allocate_quantized(p, w.shape);
   Tensor compact(p.scale_dtype, p.compact_scales);
-  if (p.spec.mode == Mode::affine) q.biases = Tensor(p.scale_dtype, p.biases);
   const bool three_level = p.spec.mode == Mode::nvfp4 && p.spec.global_scale.has_value();
   const float amax = three_level ? *p.spec.global_scale : 0.0f;
   const std::int64_t row_bytes = K * p.spec.bits / 8, groups = K / G, B = opt.block_size;

@@ -299,4 +299,13 @@ QqmmPlan plan_qqmm(const Arg& x, const Arg& w, const Arg* w_scales, const QuantS
   return p;
 }
 
+Quantized allocate_quantized(const QuantizePlan& p, const Shape& shape) {
+  Quantized q;
+  q.spec = p.spec;
+  q.shape = shape;
+  q.packed = Tensor(DType::uint8, p.packed);
+  if (p.spec.mode == Mode::affine) q.biases = Tensor(p.scale_dtype, p.biases);
+  return q;
+}
+
 }  // namespace microscale::ops

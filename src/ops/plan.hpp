@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "microscale/format.hpp"
+#include "microscale/quantize.hpp"
 #include "microscale/tensor.hpp"
 
 namespace microscale::ops {
@@ -48,6 +49,9 @@ struct QuantizePlan {
   DType scale_dtype = DType::uint8;  // uint8 codes, or x's dtype for affine
 };
 QuantizePlan plan_quantize(const Arg& x, const QuantSpec& spec);
+// The output of a planned quantize of an input of `shape`: spec, packed values and (affine)
+// biases allocated; the kernels fill them and the caller the scales.
+Quantized allocate_quantized(const QuantizePlan& p, const Shape& shape);
 
 // nonfinite='error': the Error naming the first NaN/Inf (at row-major position `flat` of a tensor
 // of `shape`, holding `value`).

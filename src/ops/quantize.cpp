@@ -91,12 +91,8 @@ Quantized ops::quantize(const TensorView& x, const QuantSpec& spec, bool search_
   const detail::Rows xc = detail::rows_of(x);
   if (p.spec.nonfinite == NonFinite::error) check_finite(k, xc, x.dtype, x.shape);
 
-  Quantized q;
-  q.spec = p.spec;
-  q.shape = x.shape;
-  q.packed = Tensor(DType::uint8, p.packed);
+  Quantized q = ops::allocate_quantized(p, x.shape);
   Tensor compact(p.scale_dtype, p.compact_scales);
-  if (p.spec.mode == Mode::affine) q.biases = Tensor(p.scale_dtype, p.biases);
   const bool three_level = p.spec.mode == Mode::nvfp4 && p.spec.global_scale.has_value();
   if (three_level && p.spec.scale_search == ScaleSearch::mse && search_global_scale && xc.numel > 0) {
     quantize_searching_global(k, xc, x.dtype, p, q, compact);
