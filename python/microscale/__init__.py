@@ -438,6 +438,21 @@ def quantize(w, mode="nvfp4", group_size=None, bits=None, global_scale=None, lay
       different global scale, so the result is ``(w_q, scales, global_scale)``: pass that float
       to :func:`dequantize`.
     """
+    if out_type is None:
+        # The common call (a float numpy array or CPU torch tensor in, the same type out) in one
+        # _core call; anything it does not take, argument errors included, goes the general way,
+        # which checks the input before the options, as it always has.
+        kind = _kind_of(w)
+        if kind is OutType.torch or type(w) is np.ndarray:
+            try:
+                spec = _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem,
+                             global_scale, scale_search, scale_2d, hadamard, sr_seed)
+            except (TypeError, ValueError):
+                spec = None
+            if spec is not None:
+                parts = _core.quantize_fast(w, spec, kind is OutType.torch)
+                if parts is not None:
+                    return parts
     arr = _float_input(w, "w")
     spec = _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
                  scale_search, scale_2d, hadamard, sr_seed)

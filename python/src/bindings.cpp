@@ -61,6 +61,42 @@ nb::tuple py_quantize_parts(const Array& x, const ms::QuantSpec& spec) {
   return nb::make_tuple(to_numpy(std::move(q.packed)), to_numpy(std::move(q.scales)));
 }
 
+// A Quantized's parts as a tuple of numpy arrays or torch tensors sharing its buffers: (packed,
+// scales), or (packed, scales, biases) for affine.
+nb::tuple export_parts(const ms::Quantized& q, bool torch) {
+  const auto out = torch ? &to_torch : &to_numpy;
+  if (q.spec.mode == ms::Mode::affine) return nb::make_tuple(out(q.packed), out(q.scales), out(q.biases));
+  return nb::make_tuple(out(q.packed), out(q.scales));
+}
+
+// The common call with as little around it as possible (issue 14: a small quantize is dominated
+// by the call): a numpy array or CPU torch tensor of a float dtype in, its parts out as the same
+// type, sharing microscale's buffers. None for any other input or a spec whose search records a
+// global scale; the Python layer then takes its general path, which has the messages.
+nb::object py_quantize_fast(nb::handle x, const ms::QuantSpec& spec, bool torch) {
+  if (spec.scale_search != ms::ScaleSearch::none && spec.global_scale) return nb::none();
+  std::optional<ms::TensorView> view;
+  Array numpy_array;  // holds a numpy input's import for the call
+  try {
+    if (torch) {
+      view = read_torch(x);
+    } else if (read_array(x, numpy_array)) {
+      view = numpy_array.view;
+    }
+  } catch (const nb::python_error&) {
+    return nb::none();  // e.g. a tensor without storage; the general path says what is wrong
+  } catch (const nb::cast_error&) {
+    return nb::none();
+  }
+  if (!view || !ms::is_float(view->dtype)) return nb::none();
+  ms::Quantized q;
+  {
+    nb::gil_scoped_release release;
+    q = ms::quantize(*view, spec);
+  }
+  return export_parts(q, torch);
+}
+
 // quantize then dequantize in one call (fake quantization): the same numerics as the two calls,
 // without the packed parts crossing into Python.
 nb::object py_quantize_dequantize(const Array& x, const ms::QuantSpec& spec, ms::DType dtype) {
@@ -348,6 +384,8 @@ void bind_types(nb::module_& m) {
       .def_prop_ro(
           "biases",
           [](const ms::Quantized& q) { return q.spec.mode == ms::Mode::affine ? to_numpy(q.biases) : nb::none(); })
+      .def("parts", &export_parts, nb::arg("torch"),
+           "(packed, scales[, biases]) as numpy arrays, or torch tensors with torch=True, sharing the buffers")
       .def_rw("spec", &ms::Quantized::spec)
       .def_rw("shape", &ms::Quantized::shape);
 }
@@ -486,6 +524,7 @@ NB_MODULE(_core, m) {
   m.def("accumulate_hessian", &py_accumulate_hessian, nb::arg("x"), nb::arg("hessian"));
   m.def("hadamard_transform", &py_hadamard_transform, nb::arg("x"), nb::arg("dtype"));
   m.def("quantize_parts", &py_quantize_parts, nb::arg("x"), nb::arg("spec"));
+  m.def("quantize_fast", &py_quantize_fast, nb::arg("x"), nb::arg("spec"), nb::arg("torch"));
   m.def("quantize_dequantize", &py_quantize_dequantize, nb::arg("x"), nb::arg("spec"), nb::arg("dtype"));
   m.def("swizzle_scales", &py_swizzle, nb::arg("scales"));
   m.def("unswizzle_scales", &py_unswizzle, nb::arg("scales"), nb::arg("rows"), nb::arg("cols"));

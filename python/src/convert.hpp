@@ -108,6 +108,79 @@ inline nb::object to_numpy(ms::Tensor t) {
   return out;
 }
 
+// torch without linking against it: the objects the fast path compares against and calls,
+// looked up when the first torch tensor arrives (torch is imported by then) and kept for the
+// process's life, like the torch module itself. Not a guarded static: the lookup runs Python
+// code, which may switch threads, and a second thread would then wait on the guard holding the GIL.
+struct TorchApi {
+  nb::handle tensor_type, parameter_type, strided;
+  nb::handle float32, float16, bfloat16;
+  nb::handle from_dlpack;  // torch._C._from_dlpack: torch.from_dlpack less its Python wrapper
+};
+
+inline const TorchApi& torch_api() {
+  static const TorchApi* api = nullptr;
+  if (api == nullptr) {
+    const nb::module_ torch = nb::module_::import_("torch");
+    nb::object from_dlpack = nb::getattr(torch.attr("_C"), "_from_dlpack", nb::none());
+    if (from_dlpack.is_none()) from_dlpack = torch.attr("from_dlpack");
+    const auto keep = [&](const char* name) { return nb::object(torch.attr(name)).release(); };
+    api = new TorchApi{keep("Tensor"),       nb::object(torch.attr("nn").attr("Parameter")).release(),
+                       keep("strided"),      keep("float32"),
+                       keep("float16"),      keep("bfloat16"),
+                       from_dlpack.release()};
+  }
+  return *api;
+}
+
+// A CPU torch tensor of a float dtype, read in place through data_ptr / shape / stride: torch's
+// __dlpack__ and Tensor.numpy() each cost more than a small quantize. nullopt for anything else
+// (a subclass, another dtype, device or layout, no elements), which the caller's general path
+// handles with its messages.
+inline std::optional<ms::TensorView> read_torch(nb::handle t) {
+  const TorchApi& api = torch_api();
+  if (!t.type().is(api.tensor_type) && !t.type().is(api.parameter_type)) return std::nullopt;
+  const nb::object dt = t.attr("dtype");
+  ms::DType dtype;
+  if (dt.is(api.float32)) {
+    dtype = ms::DType::float32;
+  } else if (dt.is(api.bfloat16)) {
+    dtype = ms::DType::bfloat16;
+  } else if (dt.is(api.float16)) {
+    dtype = ms::DType::float16;
+  } else {
+    return std::nullopt;
+  }
+  if (!t.attr("layout").is(api.strided) || !nb::cast<bool>(t.attr("is_cpu"))) return std::nullopt;
+  const auto shape_obj = nb::cast<nb::tuple>(t.attr("shape"));  // torch.Size is a tuple
+  const auto strides_obj = nb::cast<nb::tuple>(t.attr("stride")());
+  ms::Shape shape(shape_obj.size()), strides(shape_obj.size());
+  if (strides_obj.size() != shape.size()) return std::nullopt;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    shape[i] = nb::cast<std::int64_t>(shape_obj[i]);
+    strides[i] = nb::cast<std::int64_t>(strides_obj[i]);
+    if (shape[i] == 0 || strides[i] < 0) return std::nullopt;
+  }
+  const auto data = nb::cast<std::uintptr_t>(t.attr("data_ptr")());
+  if (data == 0) return std::nullopt;
+  return ms::TensorView(reinterpret_cast<const void*>(data), dtype, std::move(shape), std::move(strides));
+}
+
+// A torch tensor sharing the tensor's buffer (no copy), through a DLPack capsule; bfloat16 is
+// DLPack's own bfloat16 code, which torch reads as torch.bfloat16.
+inline nb::object to_torch(ms::Tensor t) {
+  auto* owner = new ms::Tensor(std::move(t));
+  nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<ms::Tensor*>(p); });
+  std::vector<size_t> shape(owner->shape().begin(), owner->shape().end());
+  static std::uint64_t empty_storage = 0;  // torch, like numpy, wants a non-null pointer
+  void* data = owner->bytes() != nullptr ? static_cast<void*>(owner->bytes()) : static_cast<void*>(&empty_storage);
+  nb::dlpack::dtype dt = dlpack_dtype(owner->dtype());
+  if (owner->dtype() == ms::DType::bfloat16) dt.code = static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat);
+  // A plain nb::ndarray (no framework) exports as a DLPack capsule, which torch imports in place.
+  const nb::object capsule = nb::ndarray<>(data, shape.size(), shape.data(), cap, nullptr, dt).cast();
+  return torch_api().from_dlpack(capsule);
+}
+
 inline void require_contiguous(const InArray& a, const char* what) {
   if (a.size() == 0) return;
   std::int64_t expect = 1;

@@ -189,6 +189,59 @@ def test_torch_no_copy_out(monkeypatch, rng):
     assert packed.sum() >= 0 and scales.shape == (4, 2)  # the tensors own their buffers
 
 
+def test_quantize_fast_path_matches_general_path(rng):
+    """quantize's one-call path (_core.quantize_fast, issue 14's overhead target) takes numpy
+    arrays and CPU torch tensors of every float dtype and layout in place, and gives the general
+    path's bytes and types (out_type= forces the general path); other inputs are left to it."""
+    torch = _torch()
+    core = microscale._core
+    base = torch.from_numpy(rng.standard_normal((64, 128)).astype(np.float32))
+    tensors = [base, base.T, base[::2, 32:96], base.clone().requires_grad_(True),
+               torch.nn.Parameter(base.clone()), base.to(torch.bfloat16).T, base.to(torch.float16)[:, :64]]
+    for mode in ("nvfp4", "mxfp4", "affine"):
+        spec = microscale._spec(mode)
+        for t in tensors:
+            assert core.quantize_fast(t, spec, True) is not None
+            fast = microscale.quantize(t, mode=mode)
+            general = microscale.quantize(t, mode=mode, out_type="torch")
+            assert len(fast) == len(general)
+            for f, g in zip(fast, general):
+                assert isinstance(f, torch.Tensor) and f.dtype == g.dtype and not f.requires_grad
+                assert torch.equal(f, g)
+            a = _np(t.detach())
+            for arr in (a, a[:, ::-1][:, ::-1], np.asfortranarray(a)):
+                assert core.quantize_fast(arr, spec, False) is not None
+                for f, g in zip(microscale.quantize(arr, mode=mode),
+                                microscale.quantize(arr, mode=mode, out_type="numpy")):
+                    assert type(f) is np.ndarray and f.dtype == g.dtype
+                    assert_same_bits(f, g)
+    spec = microscale._spec("nvfp4")
+    for declined in (base.to(torch.float8_e4m3fn), base.to(torch.int32), torch.empty(0, 32),
+                     torch.empty(4, 32, device="meta"), base.numpy()[:, ::-1],
+                     base.numpy().astype(">f4"), base.numpy().astype(np.int32)):
+        assert core.quantize_fast(declined, spec, isinstance(declined, torch.Tensor)) is None
+    assert core.quantize_fast(base, microscale._spec("nvfp4", global_scale=2.0, scale_search="mse"),
+                              True) is None
+
+
+def test_quantize_parts_share_buffers():
+    """The exporter of the one-call path hands torch the buffers microscale wrote (no copy): the
+    torch parts of a Quantized have the data pointers of its numpy parts."""
+    torch = _torch()
+    x = np.linspace(-3, 3, 8 * 64, dtype=np.float32).reshape(8, 64)
+    for mode in ("nvfp4", "affine"):
+        q = microscale._core.quantize(x.astype(BF16), microscale._spec(mode))
+        numpy_parts = q.parts(False)
+        torch_parts = q.parts(True)
+        assert len(numpy_parts) == len(torch_parts) == (3 if mode == "affine" else 2)
+        assert numpy_parts[0].ctypes.data == q.packed.ctypes.data  # numpy parts share q's buffers
+        for n, t in zip(numpy_parts, torch_parts):
+            assert t.data_ptr() == n.ctypes.data
+            assert t.shape == n.shape and isinstance(t, torch.Tensor)
+        if mode == "affine":
+            assert torch_parts[1].dtype == torch.bfloat16 and numpy_parts[1].dtype == BF16
+
+
 def test_torch_out_type_override(rng):
     torch = _torch()
     w = torch.randn(2, 32)
