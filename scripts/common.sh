@@ -1,7 +1,10 @@
 # Shared by run.sh and test.sh: step headers and idempotent installation of the system packages.
 # Sourced, not executed.
 
-step() { printf '\n==== %s ====\n' "$*"; }
+# Each header carries the time and the seconds since the first (inherited by test-arm.sh), so that a log shows
+# where CI spends its time.
+export MICROSCALE_STEPS_T0=${MICROSCALE_STEPS_T0:-$(date +%s)}
+step() { printf '\n==== %s ==== [%s, +%d s]\n' "$*" "$(date -u +%H:%M:%S)" "$(($(date +%s) - MICROSCALE_STEPS_T0))"; }
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config libgtest-dev libbenchmark-dev libhwy-dev
               nlohmann-json3-dev libcli11-dev)

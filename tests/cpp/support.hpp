@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../targets_under_test.hpp"
 #include "microscale/microscale.hpp"
 #include "microscale/runtime.hpp"
 
@@ -395,7 +396,8 @@ inline std::vector<float> make_data(std::size_t n, Dist d, std::uint64_t seed) {
 // ---------------------------------------------------------------------------------------------
 // Backends. Every configuration the library can run here: the scalar reference backend, and the
 // CPU backend forced to each SIMD target this build and machine support (plus one odd thread
-// count, so work splitting is exercised). The list is taken once, before any forcing.
+// count, so work splitting is exercised), less any MICROSCALE_TEST_TARGETS leaves out. The list
+// is taken once, before any forcing.
 struct BackendConfig {
   std::string label;
   microscale::Backend backend;
@@ -404,8 +406,11 @@ struct BackendConfig {
 };
 inline const std::vector<BackendConfig>& backend_configs() {
   static const std::vector<BackendConfig> configs = [] {
-    std::vector<BackendConfig> c = {{"reference", microscale::Backend::reference, "", 0}};
-    const std::vector<std::string> targets = microscale::available_cpu_targets();
+    std::vector<BackendConfig> c;
+    if (microscale_tests::under_test("reference")) c.push_back({"reference", microscale::Backend::reference, "", 0});
+    std::vector<std::string> targets;
+    for (const std::string& t : microscale::available_cpu_targets())
+      if (microscale_tests::under_test(t)) targets.push_back(t);
     for (const std::string& t : targets) c.push_back({"cpu:" + t, microscale::Backend::cpu, t, 0});
     if (!targets.empty())
       c.push_back({"cpu:" + targets.front() + " threads=3", microscale::Backend::cpu, targets.front(), 3});

@@ -19,7 +19,9 @@ TEST(Runtime, BackendConfigsCoverReferenceAndEveryTarget) {
   ASSERT_GE(c.size(), 2u);
   std::string list;
   for (const BackendConfig& b : c) list += " [" + b.label + "]";
-  std::printf("backends under test:%s\n", list.c_str());
+  std::string offered;
+  for (const std::string& t : ms::available_cpu_targets()) offered += " " + t;
+  std::printf("cpu targets offered:%s\nbackends under test:%s\n", offered.c_str(), list.c_str());
   std::fflush(stdout);  // a later death test forks: an unflushed line would be printed twice
   EXPECT_EQ(c.front().backend, ms::Backend::reference);
 }

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "../targets_under_test.hpp"
+
 #include "core/convert.hpp"
 #include "cpu/kernels.hpp"
 #include "microscale/codecs.hpp"
@@ -187,9 +189,11 @@ inline std::vector<float> global_scales_for(const std::vector<float>& x) {
   return {a, a / 3.0f, 0.0f, 1e-37f, kFltMax};
 }
 
-// Runs f on every target this machine runs, with 1 and 2 threads; restores the defaults.
+// Runs f on every target this machine runs (and MICROSCALE_TEST_TARGETS names, when set), with
+// 1 and 2 threads; restores the defaults.
 inline void for_each_target(const std::function<void(const std::string&)>& f) {
   for (const std::string& target : microscale::available_cpu_targets()) {
+    if (!microscale_tests::under_test(target)) continue;
     microscale::set_cpu_target(target);
     for (const int threads : {1, 2}) {
       microscale::set_num_threads(threads);
