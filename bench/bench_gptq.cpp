@@ -1,6 +1,7 @@
 // GPTQ's CPU steps on the sizes: accumulate_hessian of 8192 activation rows of K = 4096
 // (H += X^T X in float64) and gptq of a W [4096, 4096] to nvfp4 (factorization of the dampened H
-// and the column loop), at the default number of threads (MICROSCALE_NUM_THREADS to change it).
+// and the column loop; W [48, 4096] for the factorization alone), at the default number of
+// threads (MICROSCALE_NUM_THREADS to change it).
 //
 //   microscale_bench_gptq [--benchmark_repetitions=3]
 //
@@ -66,8 +67,9 @@ void BM_AccumulateHessian(benchmark::State& state) {
   }
 }
 
+// state.range(0): rows of W (48, one chunk of rows: about the cost of U from H alone; or kN).
 void BM_GptqNvfp4(benchmark::State& state) {
-  const ms::TensorView w(weights().data(), ms::DType::float32, {kN, kK});
+  const ms::TensorView w(weights().data(), ms::DType::float32, {state.range(0), kK});
   const ms::HessianView h{hessian().data(), {kK, kK}};
   ms::QuantSpec spec;
   spec.mode = ms::Mode::nvfp4;
@@ -77,6 +79,6 @@ void BM_GptqNvfp4(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_AccumulateHessian)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
-BENCHMARK(BM_GptqNvfp4)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_GptqNvfp4)->Arg(48)->Arg(kN)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 BENCHMARK_MAIN();

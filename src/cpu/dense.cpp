@@ -23,7 +23,7 @@ using VD = hn::Vec<DD>;
 
 // Register tile: kRows broadcast A values x 2 vectors of B. x86 before AVX-512 has 16 vector
 // registers (6 x 2 accumulators, 2 loads and a broadcast fit); the other targets have 32.
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SSE2
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3
 constexpr std::int64_t kRows = 6;
 #else
 constexpr std::int64_t kRows = 8;
