@@ -1,6 +1,7 @@
 // GPTQ (include/microscale/gptq.hpp, docs/numerics.md "GPTQ"). Everything is float64 except the
 // rounding itself, which takes the working weight to float32 and uses the spec's per-group math
-// (core/numerics.hpp) exactly as quantize does, so the bytes are standard.
+// (core/numerics.hpp) exactly as quantize does, so the bytes are standard. The cubic steps (X^T X,
+// the factorization, the error updates) are blocked products through cpu::dense_update.
 //
 // Rows of W are independent given U (the upper Cholesky factor of H^-1), so the rounding runs in
 // parallel over chunks of rows, each chunk doing every column block; every row sees the same
@@ -16,6 +17,7 @@
 
 #include "core/convert.hpp"
 #include "core/numerics.hpp"
+#include "cpu/dense.hpp"
 #include "cpu/parallel.hpp"
 #include "ops/plan.hpp"
 
@@ -55,99 +57,79 @@ double dot(const double* a, const double* b, std::int64_t n) {
 void axpy_sub(double* y, double a, const double* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] -= a * x[i];
 }
-// y[0..n) += a * x[0..n)
-void axpy_add(double* y, double a, const double* x, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
 
-// Four rows w[0..3] (stride ldw) take a block's errors e[row][k] (stride lde) through the U rows
-// u[k] (stride ldu), k in order: w[r][j] -= e[r][k] * u[k][j], each step rounded, as axpy_sub
-// row by row would; done four k at a time per loaded value so that each w value is loaded and
-// stored once per four steps and each u value serves four rows.
-void update_4_rows(double* w, std::int64_t ldw, const double* e, std::int64_t lde, const double* u, std::int64_t ldu,
-                   std::int64_t nk, std::int64_t n) {
-  double* w0 = w;
-  double* w1 = w + ldw;
-  double* w2 = w + 2 * ldw;
-  double* w3 = w + 3 * ldw;
-  std::int64_t k = 0;
-  for (; k + 4 <= nk; k += 4) {
-    const double* u0 = u + k * ldu;
-    const double* u1 = u0 + ldu;
-    const double* u2 = u1 + ldu;
-    const double* u3 = u2 + ldu;
-    const double* e0 = e + k;
-    const double* e1 = e0 + lde;
-    const double* e2 = e1 + lde;
-    const double* e3 = e2 + lde;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const double a = u0[j], b = u1[j], c = u2[j], d = u3[j];
-      w0[j] = (((w0[j] - e0[0] * a) - e0[1] * b) - e0[2] * c) - e0[3] * d;
-      w1[j] = (((w1[j] - e1[0] * a) - e1[1] * b) - e1[2] * c) - e1[3] * d;
-      w2[j] = (((w2[j] - e2[0] * a) - e2[1] * b) - e2[2] * c) - e2[3] * d;
-      w3[j] = (((w3[j] - e3[0] * a) - e3[1] * b) - e3[2] * c) - e3[3] * d;
-    }
-  }
-  for (; k < nk; ++k)
-    for (int r = 0; r < 4; ++r) axpy_sub(w + r * ldw, e[r * lde + k], u + k * ldu, n);
-}
-
-// U upper triangular with U^T U = H^-1, from the factorization H = V V^T with V upper triangular
-// (a Cholesky factorization run from the last index down), then U = V^-1. This is the unique
-// upper Cholesky factor of H^-1 and costs two triangular passes instead of a Cholesky, an inverse
-// and a second Cholesky. `h` (the dampened H, upper triangle read) is overwritten by V.
+// U upper triangular with U^T U = H^-1, from the lower Cholesky factor L of A = P H P (P reverses
+// the index order, which for a row-major matrix reverses the flat array): H = V V^T with
+// V = P L P upper, so U = V^-1 = P L^-1 P, the unique upper Cholesky factor of H^-1, for the cost
+// of one Cholesky and one triangular inverse. `h` (the dampened H) is overwritten.
 Matrix inverse_cholesky_upper(Matrix& h, std::int64_t K, double damp) {
-  // V[i][j] = (H[i][j] - sum_{k > j} V[i][k] V[j][k]) / V[j][j], columns j from the last down, in
-  // panels of kPanel columns: the sum's part over the finished columns (k >= the panel's end) is
-  // taken first for the whole panel, so each row's finished part is read once per panel instead
-  // of once per column; the rest, inside the panel, column by column.
-  double* v = h.data();
-  constexpr std::int64_t kPanel = 64;
-  for (std::int64_t j1 = K; j1 > 0;) {
-    const std::int64_t j0 = std::max<std::int64_t>(0, j1 - kPanel);
-    cpu::parallel_for(j1, 16, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) {
-        double* vi = v + i * K;
-        for (std::int64_t j = std::max(i, j0); j < j1; ++j) vi[j] -= dot(vi + j1, v + j * K + j1, K - j1);
-      }
-    });
-    for (std::int64_t j = j1 - 1; j >= j0; --j) {
-      double* vj = v + j * K;
-      const double d = vj[j] - dot(vj + j + 1, vj + j + 1, j1 - 1 - j);
+  std::reverse(h.begin(), h.end());
+  double* a = h.data();
+  // Right-looking blocked Cholesky of A's lower triangle, panels of kPanel columns: the panel's
+  // diagonal block, the rows below it (a triangular solve per row), then the trailing lower
+  // triangle takes the panel's product in strips of rows (a strip also computes the part of its
+  // diagonal block above the diagonal, which is never read).
+  constexpr std::int64_t kPanel = 64, kStrip = 48, kColTile = 128;
+  static_assert(kStrip % cpu::kDensePanel == 0 && kColTile % cpu::kDensePanel == 0);
+  std::vector<double> pt(static_cast<std::size_t>(kPanel * K)),
+      packed(static_cast<std::size_t>(cpu::packed_size(kPanel, K)));
+  for (std::int64_t j0 = 0; j0 < K; j0 += kPanel) {
+    const std::int64_t j1 = std::min(K, j0 + kPanel), w = j1 - j0, rest = K - j1;
+    for (std::int64_t j = j0; j < j1; ++j) {
+      double* aj = a + j * K;
+      const double d = aj[j] - dot(aj + j0, aj + j0, j - j0);
       if (!(d > 0.0) || !std::isfinite(d))
         fail("hessian is not positive definite after dampening (damp " + std::to_string(damp) + ", pivot " +
-             std::to_string(j) + " of " + std::to_string(K) +
+             std::to_string(K - 1 - j) + " of " + std::to_string(K) +
              "); pass a larger damp, or accumulate H from more (and more varied) samples");
-      vj[j] = std::sqrt(d);
-      const double pivot = vj[j];
-      cpu::parallel_for(j, 64, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) {
-          double* vi = v + i * K;
-          vi[j] = (vi[j] - dot(vi + j + 1, vj + j + 1, j1 - 1 - j)) / pivot;
-        }
-      });
-    }
-    j1 = j0;
-  }
-  // Row c of U solves U[c] V = e_c: forward substitution in axpy form over the rows of V. Tiles
-  // of rows share each V row while it is in cache.
-  Matrix u(static_cast<std::size_t>(K * K), 0.0);
-  constexpr std::int64_t kTile = 32;
-  cpu::parallel_for((K + kTile - 1) / kTile, 1, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t t = b; t < e; ++t) {
-      const std::int64_t c0 = t * kTile, c1 = std::min(K, c0 + kTile);
-      for (std::int64_t c = c0; c < c1; ++c) u[static_cast<std::size_t>(c * K + c)] = 1.0;
-      for (std::int64_t k = c0; k < K; ++k) {
-        const double* vk = v + k * K;
-        for (std::int64_t c = c0; c < std::min(c1, k + 1); ++c) {
-          double* uc = u.data() + c * K;
-          uc[k] /= vk[k];
-          axpy_sub(uc + k + 1, uc[k], vk + k + 1, K - 1 - k);
-        }
+      aj[j] = std::sqrt(d);
+      for (std::int64_t i = j + 1; i < j1; ++i) {
+        double* ai = a + i * K;
+        ai[j] = (ai[j] - dot(ai + j0, aj + j0, j - j0)) / aj[j];
       }
     }
-  });
-  return u;
+    cpu::parallel_for(rest, 64, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = j1 + b; i < j1 + e; ++i) {
+        double* ai = a + i * K;
+        for (std::int64_t j = j0; j < j1; ++j) ai[j] = (ai[j] - dot(ai + j0, a + j * K + j0, j - j0)) / a[j * K + j];
+      }
+    });
+    for (std::int64_t i = 0; i < rest; ++i)
+      for (std::int64_t k = 0; k < w; ++k) pt[static_cast<std::size_t>(k * rest + i)] = a[(j1 + i) * K + j0 + k];
+    cpu::pack_panels(w, rest, pt.data(), rest, packed.data());
+    cpu::parallel_for(rest, kStrip, [&](std::int64_t b, std::int64_t e) {
+      cpu::dense_update(e - b, e, w, pt.data() + b, rest, packed.data(), w * cpu::kDensePanel, a + (j1 + b) * K + j1, K,
+                        /*add=*/false);
+    });
+  }
+  // X = L^-1 by block rows of kPanel: X[i0:i1, :i0] = -L[i0:i1, :i0] X[:i0, :i0] (X lower, so a
+  // tile of columns from c0 needs only the rows k >= c0), then the block's own rows by forward
+  // substitution, column tiles in parallel.
+  Matrix x(static_cast<std::size_t>(K * K), 0.0);
+  for (std::int64_t i0 = 0; i0 < K; i0 += kPanel) {
+    const std::int64_t i1 = std::min(K, i0 + kPanel), hb = i1 - i0;
+    for (std::int64_t k = 0; k < i0; ++k)
+      for (std::int64_t r = 0; r < hb; ++r) pt[static_cast<std::size_t>(k * hb + r)] = a[(i0 + r) * K + k];
+    cpu::parallel_for(i0, kColTile, [&](std::int64_t c0, std::int64_t c1) {
+      std::vector<double> xp(static_cast<std::size_t>(cpu::packed_size(i0 - c0, c1 - c0)));
+      cpu::pack_panels(i0 - c0, c1 - c0, x.data() + c0 * K + c0, K, xp.data());
+      cpu::dense_update(hb, c1 - c0, i0 - c0, pt.data() + c0 * hb, hb, xp.data(), (i0 - c0) * cpu::kDensePanel,
+                        x.data() + i0 * K + c0, K, /*add=*/false);
+    });
+    cpu::parallel_for(i1, kColTile, [&](std::int64_t c0, std::int64_t c1) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const double* li = a + i * K;
+        double* xi = x.data() + i * K;
+        const std::int64_t end = std::min(c1, i + 1);
+        if (c0 >= end) continue;
+        if (i < c1 && i >= c0) xi[i] = 1.0;
+        for (std::int64_t q = std::max(i0, c0); q < i; ++q) axpy_sub(xi + c0, li[q], x.data() + q * K + c0, end - c0);
+        for (std::int64_t c = c0; c < end; ++c) xi[c] /= li[i];
+      }
+    });
+  }
+  std::reverse(x.begin(), x.end());
+  return x;
 }
 
 // i is an element index within a row.
@@ -306,62 +288,66 @@ Quantized gptq(const TensorView& w, const HessianView& hessian, const QuantSpec&
   const std::size_t scale_size = dtype_size(p.scale_dtype);
   const bool fp4 = p.spec.mode == Mode::nvfp4 || p.spec.mode == Mode::mxfp4;
 
-  constexpr std::int64_t kRows = 32, kColTile = 512;
-  cpu::parallel_for(N, kRows, [&](std::int64_t r0, std::int64_t r1) {
-    const std::int64_t R = r1 - r0;
-    double* wr = wd.data() + r0 * K;
-    std::vector<double> err(static_cast<std::size_t>(R * B));
-    std::vector<GroupQuantizer> gq(static_cast<std::size_t>(R),
-                                   GroupQuantizer{p.spec, w.dtype, numerics::nvfp4_tensor(three_level, amax),
-                                                  numerics::mx_elem(p.spec.mode, p.spec.elem), amax});
-    std::vector<float> group(static_cast<std::size_t>(G));
-    for (std::int64_t b0 = 0; b0 < K; b0 += B) {
-      const std::int64_t b1 = std::min(K, b0 + B);
-      for (std::int64_t i = b0; i < b1; ++i) {
-        const double* ui = u.data() + i * K;
+  // Blocks in order; within a block, each group's errors reach the rest of the block when the
+  // group is done, so only the group's own later columns take single updates. The U rows a block
+  // needs are packed once (cpu::dense_update's panels) and shared by the chunks of rows.
+  constexpr std::int64_t kRows = 48;
+  const double* ud = u.data();
+  std::vector<double> later, inner;
+  for (std::int64_t b0 = 0; b0 < K; b0 += B) {
+    const std::int64_t b1 = std::min(K, b0 + B), nb = b1 - b0;
+    later.resize(static_cast<std::size_t>(cpu::packed_size(nb, K - b1)));
+    cpu::pack_panels(nb, K - b1, ud + b0 * K + b1, K, later.data());
+    // group g's U[g0 : g1, g1 : b1] at offset g * packed_size(G, nb)
+    const std::int64_t inner_size = cpu::packed_size(G, nb);
+    inner.resize(static_cast<std::size_t>(nb / G * inner_size));
+    for (std::int64_t g0 = b0; g0 < b1; g0 += G)
+      cpu::pack_panels(G, b1 - g0 - G, ud + g0 * K + g0 + G, K, inner.data() + (g0 - b0) / G * inner_size);
+    cpu::parallel_for(N, kRows, [&](std::int64_t r0, std::int64_t r1) {
+      const std::int64_t R = r1 - r0;
+      double* wr = wd.data() + r0 * K;
+      std::vector<double> errt(static_cast<std::size_t>(nb * R));  // errt[i - b0][r]: the errors, column-major
+      GroupQuantizer quant{p.spec, w.dtype, numerics::nvfp4_tensor(three_level, amax),
+                           numerics::mx_elem(p.spec.mode, p.spec.elem), amax};
+      std::vector<float> group(static_cast<std::size_t>(G));
+      for (std::int64_t g0 = b0; g0 < b1; g0 += G) {
+        const std::int64_t g1 = g0 + G;
         for (std::int64_t r = 0; r < R; ++r) {
           double* row = wr + r * K;
-          GroupQuantizer& quant = gq[static_cast<std::size_t>(r)];
-          if (i % G == 0) {  // the group's scale, from its weights as updated so far
-            for (int k = 0; k < G; ++k) group[static_cast<std::size_t>(k)] = static_cast<float>(row[i + k]);
-            quant.choose(group.data(), G);
-            const std::int64_t gi = (r0 + r) * groups + i / G;
-            std::byte* sp = compact.bytes() + static_cast<std::size_t>(gi) * scale_size;
-            if (p.spec.mode == Mode::affine) {
-              detail::store_f32(quant.affine.scale, w.dtype, sp);
-              detail::store_f32(quant.affine.bias, w.dtype,
-                                q.biases.bytes() + static_cast<std::size_t>(gi) * scale_size);
-            } else {
-              *reinterpret_cast<std::uint8_t*>(sp) = quant.scale.code;
-            }
+          // the group's scale, from its weights as updated so far
+          for (int k = 0; k < G; ++k) group[static_cast<std::size_t>(k)] = static_cast<float>(row[g0 + k]);
+          quant.choose(group.data(), G);
+          const std::int64_t gi = (r0 + r) * groups + g0 / G;
+          std::byte* sp = compact.bytes() + static_cast<std::size_t>(gi) * scale_size;
+          if (p.spec.mode == Mode::affine) {
+            detail::store_f32(quant.affine.scale, w.dtype, sp);
+            detail::store_f32(quant.affine.bias, w.dtype, q.biases.bytes() + static_cast<std::size_t>(gi) * scale_size);
+          } else {
+            *reinterpret_cast<std::uint8_t*>(sp) = quant.scale.code;
           }
-          float value = 0.0f;
-          const std::uint32_t code = quant.round(static_cast<float>(row[i]), &value);
           std::uint8_t* packed = q.packed.data<std::uint8_t>() + (r0 + r) * row_bytes;
-          if (fp4)
-            put_nibble(packed, i, code);
-          else if (p.spec.mode == Mode::mxfp8)
-            packed[i] = static_cast<std::uint8_t>(code);
-          else
-            put_bits(packed, i, p.spec.bits, code);
-          const double e = (row[i] - static_cast<double>(value)) / ui[i];
-          err[static_cast<std::size_t>(r * B + (i - b0))] = e;
-          axpy_sub(row + i + 1, e, ui + i + 1, b1 - i - 1);
+          for (std::int64_t i = g0; i < g1; ++i) {
+            const double* ui = ud + i * K;
+            float value = 0.0f;
+            const std::uint32_t code = quant.round(static_cast<float>(row[i]), &value);
+            if (fp4)
+              put_nibble(packed, i, code);
+            else if (p.spec.mode == Mode::mxfp8)
+              packed[i] = static_cast<std::uint8_t>(code);
+            else
+              put_bits(packed, i, p.spec.bits, code);
+            const double e = (row[i] - static_cast<double>(value)) / ui[i];
+            errt[static_cast<std::size_t>((i - b0) * R + r)] = e;
+            axpy_sub(row + i + 1, e, ui + i + 1, g1 - i - 1);
+          }
         }
+        cpu::dense_update(R, b1 - g1, G, errt.data() + (g0 - b0) * R, R, inner.data() + (g0 - b0) / G * inner_size,
+                          G * cpu::kDensePanel, wr + g1, K, /*add=*/false);
       }
-      // The block's errors reach the later columns, a tile of columns at a time so that the U rows
-      // in use stay in cache across the rows of the chunk.
-      for (std::int64_t j0 = b1; j0 < K; j0 += kColTile) {
-        const std::int64_t n = std::min(K, j0 + kColTile) - j0;
-        std::int64_t r = 0;
-        for (; r + 4 <= R; r += 4)
-          update_4_rows(wr + r * K + j0, K, err.data() + r * B, B, u.data() + b0 * K + j0, K, b1 - b0, n);
-        for (; r < R; ++r)
-          for (std::int64_t k = b0; k < b1; ++k)
-            axpy_sub(wr + r * K + j0, err[static_cast<std::size_t>(r * B + (k - b0))], u.data() + k * K + j0, n);
-      }
-    }
-  });
+      cpu::dense_update(R, K - b1, nb, errt.data(), R, later.data(), nb * cpu::kDensePanel, wr + b1, K,
+                        /*add=*/false);
+    });
+  }
   q.scales = p.spec.layout == Layout::swizzled ? swizzle_scales(compact.view()) : compact;
   return q;
 }
@@ -383,30 +369,35 @@ void accumulate_hessian(const TensorView& x, std::span<double> hessian) {
   if (static_cast<std::int64_t>(hessian.size()) != K * K)
     throw Error("accumulate_hessian: hessian must hold [K, K] = " + std::to_string(K * K) +
                 " values for x of K = " + std::to_string(K) + ", got " + std::to_string(hessian.size()));
-  std::int64_t rows = 0;
-  const std::vector<double> xd = load_rows(x, &rows, K);
-  // The batch's X^T X, upper triangle only: D[i, j] (j >= i) sums x[s, i] * x[s, j] over the
-  // samples s in order, so the sums do not depend on the thread count. Tiles of samples and
-  // columns keep x's part in cache while a chunk of rows takes it. Adding D to both triangles
-  // keeps a symmetric H exactly symmetric.
+  const detail::Rows c = detail::rows_of(x);
+  const std::int64_t rows = K == 0 ? 0 : c.numel / K;
+  const std::size_t size = dtype_size(x.dtype);
+  // The batch's X^T X, upper triangle: D[i, j] (j >= i) sums x[s, i] * x[s, j] over runs of
+  // kDenseDepth samples (cpu::dense_update's order: samples in order within a run, runs in
+  // order), for strips of rows i in parallel, so the sums do not depend on the thread count.
+  // Adding D to both triangles keeps a symmetric H exactly symmetric.
+  constexpr std::int64_t kStrip = 48;
   std::vector<double> d(static_cast<std::size_t>(K * K), 0.0);
-  constexpr std::int64_t kSamples = 64, kCols = 512;
-  cpu::parallel_for(K, 16, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t s0 = 0; s0 < rows; s0 += kSamples) {
-      const std::int64_t s1 = std::min(rows, s0 + kSamples);
-      for (std::int64_t j0 = b; j0 < K; j0 += kCols) {
-        const std::int64_t j1 = std::min(K, j0 + kCols);
-        for (std::int64_t i = b; i < e; ++i) {
-          const std::int64_t from = std::max(i, j0);
-          if (from >= j1) continue;
-          for (std::int64_t s = s0; s < s1; ++s) {
-            const double* xs = xd.data() + s * K;
-            axpy_add(d.data() + i * K + from, xs[i], xs + from, j1 - from);
-          }
-        }
-      }
-    }
-  });
+  static_assert(kStrip % cpu::kDensePanel == 0);
+  const std::int64_t run = std::min(rows, cpu::kDenseDepth);
+  std::vector<double> xb(static_cast<std::size_t>(run * K)), xp(static_cast<std::size_t>(cpu::packed_size(run, K)));
+  for (std::int64_t s0 = 0; s0 < rows; s0 += cpu::kDenseDepth) {
+    const std::int64_t s1 = std::min(rows, s0 + cpu::kDenseDepth), kd = s1 - s0;
+    cpu::parallel_for(kd, 16, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b * K; i < e * K; ++i)
+        xb[static_cast<std::size_t>(i)] =
+            detail::load_f32(c.data + static_cast<std::size_t>(s0 * K + i) * size, x.dtype);
+    });
+    const std::int64_t panels = (K + cpu::kDensePanel - 1) / cpu::kDensePanel;
+    cpu::parallel_for(panels, 16, [&](std::int64_t b, std::int64_t e) {
+      const std::int64_t j0 = b * cpu::kDensePanel;
+      cpu::pack_panels(kd, std::min(K, e * cpu::kDensePanel) - j0, xb.data() + j0, K, xp.data() + j0 * kd);
+    });
+    cpu::parallel_for(K, kStrip, [&](std::int64_t b, std::int64_t e) {
+      cpu::dense_update(e - b, K - b, kd, xb.data() + b, K, xp.data() + b * kd, kd * cpu::kDensePanel,
+                        d.data() + b * K + b, K, /*add=*/true);
+    });
+  }
   cpu::parallel_for(K, 64, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i)
       for (std::int64_t j = 0; j < K; ++j) {

@@ -122,22 +122,30 @@ TEST(Gptq, AccumulateHessianSumsBatches) {
 }
 
 TEST(Gptq, ThreadCountDoesNotChangeTheResult) {
-  const std::int64_t n = 100, k = 256, samples = 300;
+  // Sizes that are not multiples of the blocked steps' tiles (rows per chunk, factorization
+  // panels, column blocks, sample runs), so that edge tiles run on every thread count.
+  const std::int64_t n = 150, k = 352, samples = 300;
   const std::vector<float> w = gaussian(static_cast<std::size_t>(n * k), 0.02f, 6);
-  const std::vector<float> x = gaussian(static_cast<std::size_t>(samples * k), 1.0f, 7);
+  const std::vector<float> x = correlated_inputs(samples, k, 7);
   const TensorView wv(w.data(), DType::float32, {n, k}), xv(x.data(), DType::float32, {samples, k});
+  QuantSpec nvfp4 = spec_of(Mode::nvfp4);
+  nvfp4.global_scale = 0.08f;
   auto run = [&](int threads) {
     microscale::set_num_threads(threads);
     std::vector<double> h(static_cast<std::size_t>(k * k), 0.0);
     microscale::accumulate_hessian(xv, h);
-    const Quantized q = microscale::gptq(wv, HessianView{h.data(), {k, k}}, spec_of(Mode::mxfp4));
+    const Quantized mx = microscale::gptq(wv, HessianView{h.data(), {k, k}}, spec_of(Mode::mxfp4));
+    const Quantized nv = microscale::gptq(wv, HessianView{h.data(), {k, k}}, nvfp4);
     microscale::set_num_threads(0);
-    return std::make_pair(h, q);
+    return std::make_tuple(h, mx, nv);
   };
-  const auto [h1, q1] = run(1);
-  const auto [h3, q3] = run(3);
-  EXPECT_EQ(h1, h3);
-  expect_same_bytes(q1, q3);
+  const auto [h1, mx1, nv1] = run(1);
+  for (const int threads : {2, 3}) {
+    const auto [h, mx, nv] = run(threads);
+    EXPECT_EQ(h1, h) << threads << " threads";
+    expect_same_bytes(mx1, mx);
+    expect_same_bytes(nv1, nv);
+  }
 }
 
 TEST(Gptq, ArgumentErrorsNameTheArgument) {
