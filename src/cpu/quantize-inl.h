@@ -269,6 +269,20 @@ HWY_INLINE void TransposeMagnitudes(const T* x, float* mags) {
     for (std::size_t i = 0; i < G; ++i) mags[i * kN + b] = rows[b * G + i];
 }
 
+// The C of Fp4SquaredError below, 2^22 * 2^floor(log2 max(y, 1)), for 0 <= y < 8.
+HWY_INLINE VF Fp4RoundingConstant(VF y) {
+#if HWY_TARGET == HWY_AVX2
+  // One permute by y's biased exponent, whose low 3 bits (all vpermps reads) tell apart the
+  // binades 2^-5 to 4 (exponents 122 to 129); below 2^-5, y rounds to 0 under any of the three C.
+  const __m256 by_exponent = _mm256_setr_ps(0x1p23f, 0x1p24f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f);
+  return VF{_mm256_permutevar8x32_ps(by_exponent, _mm256_srli_epi32(_mm256_castps_si256(y.raw), 23))};
+#else
+  const DI di;
+  const VI binade = hn::Max(hn::And(hn::BitCast(di, y), hn::Set(di, kInfBits)), hn::Set(di, 0x3F800000));
+  return hn::BitCast(DF(), hn::Add(binade, hn::Set(di, 22 << 23)));
+#endif
+}
+
 // fl(d*d), d = fl(fl(val(E2M1(a * enc)) * dec) - a), for magnitudes a: a term of
 // numerics::fp4_block_sq_error. Rounding is sign-symmetric, so for x = +-a the spec's d is +-this
 // d. The E2M1 value of y = a * enc comes without a code: adding C = 2^22 * 2^floor(log2 max(y,
@@ -278,11 +292,9 @@ HWY_INLINE void TransposeMagnitudes(const T* x, float* mags) {
 template <bool kSaturate>
 HWY_INLINE VF Fp4SquaredError(VF a, VF enc, VF dec) {
   const DF df;
-  const DI di;
   VF y = hn::Mul(a, enc);
   if constexpr (kSaturate) y = hn::Min(y, hn::Set(df, 6.0f));
-  const VI binade = hn::Max(hn::And(hn::BitCast(di, y), hn::Set(di, kInfBits)), hn::Set(di, 0x3F800000));
-  const VF c = hn::BitCast(df, hn::Add(binade, hn::Set(di, 22 << 23)));
+  const VF c = Fp4RoundingConstant(y);
   const VF d = hn::Sub(hn::Mul(hn::Sub(hn::Add(y, c), c), dec), a);
   return hn::Mul(d, d);
 }
