@@ -325,38 +325,13 @@ HWY_INLINE VF Fp4SquaredErrors(const float* mags, VF amax, VF enc, VF dec) {
   return err;
 }
 
-// Every E4M3 code's encode and decode factors under a searched nvfp4 tensor, for the candidates
-// to look up. Codes run from -kPad: the lanes where a candidate steps past 0 or 126 (which it
-// then does not consider) read finite entries too.
-struct Nvfp4CodeFactors {
-  static constexpr std::int32_t kPad = 16;
-  static constexpr std::size_t kSize = 128 + 2 * kPad;
-  alignas(64) float enc[kSize];
-  alignas(64) float dec[kSize];
-
-  explicit Nvfp4CodeFactors(const numerics::Nvfp4Search& p) {
-    static_assert(kSize % kN == 0 && kPad % kN == 0, "whole vectors of codes");
-    const DF df;
-    const DI di;
-    const numerics::Nvfp4Tensor& t = p.t;
-    for (std::size_t i = 0; i < kSize; i += kN) {
-      const VF sf = DecodeE4M3<false>(hn::Iota(di, static_cast<std::int32_t>(i) - kPad));
-      hn::Store(hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), hn::Set(df, kFltMax)), df,
-                enc + i);
-      hn::Store(
-          t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf,
-          df, dec + i);
-    }
-  }
-};
-
 // nvfp4 scale search (4over6, mse) on finite tiles, 'propagate'/'error' only: lane b holds block
 // b, and each candidate's error is summed over the block's elements in index order with the
 // scalar spec's float operations (numerics::nvfp4_searched_block_scale), so the choice is the
 // reference's. Tiles holding NaN/Inf take the scalar path.
 template <class T>
-HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, const Nvfp4CodeFactors& factors,
-                                const QuantSpec& spec, DType src, std::uint8_t* packed, std::uint8_t* scales) {
+HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, const QuantSpec& spec, DType src,
+                                std::uint8_t* packed, std::uint8_t* scales) {
   constexpr std::size_t G = numerics::kNvfp4Group;
   const DF df;
   const DI di;
@@ -375,8 +350,9 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
   const VF base = hn::Min(hn::Mul(amax, hn::Set(df, t.s_enc * f32_from_bits(kC6Bits))), flt_max);
   const VI s0 = RoundMagnitude<E4M3>(hn::BitCast(di, base));
   auto factors_of = [&](VI code, VF& enc, VF& dec) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
-    enc = hn::GatherIndex(df, factors.enc + Nvfp4CodeFactors::kPad, code);
-    dec = hn::GatherIndex(df, factors.dec + Nvfp4CodeFactors::kPad, code);
+    const VF sf = DecodeE4M3<false>(code);
+    enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), flt_max);
+    dec = t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
   };
   VI best = s0;
   VF best_enc, dec0;
@@ -534,9 +510,8 @@ void FpBlocks(const T* x, const QuantSpec& spec, DType src, std::int64_t b0, std
       if (spec.scale_search != ScaleSearch::none) {  // QuantizeBlocks sends 'saturate' to the scalar path
         const numerics::Nvfp4Search ps = numerics::nvfp4_search_tensor(
             spec.global_scale.has_value(), spec.global_scale.value_or(0.0f), spec.scale_search);
-        const Nvfp4CodeFactors factors(ps);
         TiledBlocks<16, 4>(x, b0, b1, packed, scales, [&](const T* xt, std::uint8_t* pt, std::uint8_t* st) HWY_ATTR {
-          Nvfp4SearchTile(xt, ps, factors, spec, src, pt, st);
+          Nvfp4SearchTile(xt, ps, spec, src, pt, st);
         });
         break;
       }
