@@ -269,6 +269,30 @@ HWY_INLINE void TransposeMagnitudes(const T* x, float* mags) {
     for (std::size_t i = 0; i < G; ++i) mags[i * kN + b] = rows[b * G + i];
 }
 
+// BlockMaxBits of a tile from its transposed magnitudes (TransposeMagnitudes): a max of rows.
+template <std::size_t G>
+HWY_INLINE VI TransposedBlockMaxBits(const float* mags) {
+  const DF df;
+  const DI di;
+  VI m = hn::BitCast(di, hn::Load(df, mags));
+  for (std::size_t i = 1; i < G; ++i) m = hn::Max(m, hn::BitCast(di, hn::Load(df, mags + i * kN)));
+  return m;
+}
+
+// The C of Fp4SquaredError below, 2^22 * 2^floor(log2 max(y, 1)), for 0 <= y < 8.
+HWY_INLINE VF Fp4RoundingConstant(VF y) {
+#if HWY_TARGET == HWY_AVX2
+  // One permute by y's biased exponent, whose low 3 bits (all vpermps reads) tell apart the
+  // binades 2^-5 to 4 (exponents 122 to 129); below 2^-5, y rounds to 0 under any of the three C.
+  const __m256 by_exponent = _mm256_setr_ps(0x1p23f, 0x1p24f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f);
+  return VF{_mm256_permutevar8x32_ps(by_exponent, _mm256_srli_epi32(_mm256_castps_si256(y.raw), 23))};
+#else
+  const DI di;
+  const VI binade = hn::Max(hn::And(hn::BitCast(di, y), hn::Set(di, kInfBits)), hn::Set(di, 0x3F800000));
+  return hn::BitCast(DF(), hn::Add(binade, hn::Set(di, 22 << 23)));
+#endif
+}
+
 // fl(d*d), d = fl(fl(val(E2M1(a * enc)) * dec) - a), for magnitudes a: a term of
 // numerics::fp4_block_sq_error. Rounding is sign-symmetric, so for x = +-a the spec's d is +-this
 // d. The E2M1 value of y = a * enc comes without a code: adding C = 2^22 * 2^floor(log2 max(y,
@@ -278,11 +302,9 @@ HWY_INLINE void TransposeMagnitudes(const T* x, float* mags) {
 template <bool kSaturate>
 HWY_INLINE VF Fp4SquaredError(VF a, VF enc, VF dec) {
   const DF df;
-  const DI di;
   VF y = hn::Mul(a, enc);
   if constexpr (kSaturate) y = hn::Min(y, hn::Set(df, 6.0f));
-  const VI binade = hn::Max(hn::And(hn::BitCast(di, y), hn::Set(di, kInfBits)), hn::Set(di, 0x3F800000));
-  const VF c = hn::BitCast(df, hn::Add(binade, hn::Set(di, 22 << 23)));
+  const VF c = Fp4RoundingConstant(y);
   const VF d = hn::Sub(hn::Mul(hn::Sub(hn::Add(y, c), c), dec), a);
   return hn::Mul(d, d);
 }
@@ -313,21 +335,21 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
   constexpr std::size_t G = numerics::kNvfp4Group;
   const DF df;
   const DI di;
-  const VI bm = BlockMaxBits<G, false>(x);
+  alignas(64) float mags[G * kN];
+  TransposeMagnitudes<G>(x, mags);
+  const VI bm = TransposedBlockMaxBits<G>(mags);
   if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) {
     ReferenceBlocks(x, src, spec, 0, static_cast<std::int64_t>(kN), packed, reinterpret_cast<std::byte*>(scales),
                     nullptr);
     return;
   }
-  alignas(64) float mags[G * kN];
-  TransposeMagnitudes<G>(x, mags);
 
   const numerics::Nvfp4Tensor& t = p.t;
   const VF flt_max = hn::Set(df, kFltMax);
   const VF amax = hn::BitCast(df, bm);
   const VF base = hn::Min(hn::Mul(amax, hn::Set(df, t.s_enc * f32_from_bits(kC6Bits))), flt_max);
   const VI s0 = RoundMagnitude<E4M3>(hn::BitCast(di, base));
-  auto factors_of = [&](VI code, VF& enc, VF& dec) HWY_ATTR {
+  auto factors_of = [&](VI code, VF& enc, VF& dec) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
     const VF sf = DecodeE4M3<false>(code);
     enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), flt_max);
     dec = t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
@@ -340,7 +362,7 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
   // falls below one of them), so where that term alone reaches the best error in every valid
   // lane, the candidate cannot win. Checked for the scales 2 and 3 steps down, where the max
   // saturates and mostly loses so; elsewhere it would rarely skip anything.
-  auto consider = [&](VI code, auto valid, bool bounded) HWY_ATTR {
+  auto consider = [&](VI code, auto valid, bool bounded) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
     VF enc, dec;
     factors_of(code, enc, dec);
     if (bounded && hn::AllTrue(df, hn::Or(hn::Not(valid), hn::Ge(Fp4SquaredError<true>(amax, enc, dec), best_err))))
@@ -436,7 +458,7 @@ HWY_INLINE void Mxfp4SearchTile(const T* x, const QuantSpec& spec, DType src, st
   alignas(64) float mags[G * kN];
   TransposeMagnitudes<G>(x, mags);
   const VI e0 = E8m0Scales<E2M1>(bm, spec.scale_rule, src);
-  auto error_of = [&](VI e, VF& enc) HWY_ATTR {
+  auto error_of = [&](VI e, VF& enc) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
     // 2^(127-e) from bits, the subnormal 2^-127 for e = 254, as MxTile.
     enc = hn::BitCast(df, hn::IfThenElse(hn::Eq(e, hn::Set(di, 254)), hn::Set(di, 0x400000),
                                          hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 254), e))));
@@ -445,7 +467,7 @@ HWY_INLINE void Mxfp4SearchTile(const T* x, const QuantSpec& spec, DType src, st
   VI best = e0;
   VF best_enc;
   VF best_err = error_of(e0, best_enc);
-  auto consider = [&](VI e, auto valid) HWY_ATTR {
+  auto consider = [&](VI e, auto valid) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
     VF enc;
     const VF err = error_of(e, enc);
     const auto better = hn::And(valid, hn::Lt(err, best_err));
