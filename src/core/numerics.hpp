@@ -339,7 +339,7 @@ MS_HD BlockScale mx_block_scale(float bamax, const MxElem& ef, ScaleRule rule, D
 
 // mse tries the E4M3 codes this many steps below and above the round-to-nearest code, then
 // 4over6's max-to-4 code.
-constexpr int kNvfp4MseSteps = 3;
+constexpr int kNvfp4MseSteps = 2;
 
 // Squared error of an fp4 block of n values encoded with factor enc and decoded with factor dec.
 MS_HD float fp4_block_sq_error(const float* x, int n, float enc, float dec) {

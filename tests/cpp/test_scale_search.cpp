@@ -127,6 +127,53 @@ TEST(ScaleSearch, MseNeverWorseThanNearestPerBlock) {
   }
 }
 
+// Two-level nvfp4 mse picks, per block, exactly the definition's choice: the first lowest float32
+// error among round-to-nearest's code s0, s0-1, s0+1, s0-2, s0+2 and 4over6's max-to-4 code, each
+// error recomputed here from support.hpp's rounding oracle (rn_sat) and code values.
+TEST(ScaleSearch, MseNvfp4PicksTheFirstLeastErrorCandidate) {
+  for (const Dist d : {Dist::gaussian, Dist::student_t3, Dist::wide_range, Dist::tie_rich}) {
+    const std::vector<float> x = make_data(64 * 256, d, 21 + static_cast<int>(d));
+    const std::vector<std::uint8_t> s0 =
+        bytes(microscale::quantize(view(x, {64, 256}), spec_of(Mode::nvfp4, ScaleSearch::none)).scales);
+    const std::vector<std::uint8_t> got =
+        bytes(microscale::quantize(view(x, {64, 256}), spec_of(Mode::nvfp4, ScaleSearch::mse)).scales);
+    int moved_two = 0;
+    for (std::size_t b = 0; b < s0.size(); ++b) {
+      const float* xb = x.data() + b * 16;
+      float bamax = 0.0f;
+      for (int i = 0; i < 16; ++i) bamax = std::max(bamax, std::fabs(xb[i]));
+      auto error = [&](int code) {
+        const float dec = code_value(Fmt::e4m3, static_cast<std::uint8_t>(code));
+        const float enc = std::fmin(1.0f / dec, FLT_MAX);
+        float err = 0.0f;
+        for (int i = 0; i < 16; ++i) {
+          const float e = code_value(Fmt::e2m1, rn_sat(Fmt::e2m1, xb[i] * enc)) * dec - xb[i];
+          err = err + e * e;
+        }
+        return err;
+      };
+      int best = s0[b];
+      float best_err = error(best);
+      std::vector<int> candidates = {s0[b] - 1, s0[b] + 1, s0[b] - 2, s0[b] + 2};
+      candidates.push_back(rn_sat(Fmt::e4m3, bamax * kC6 * 1.5f));
+      for (const int c : candidates) {
+        if (c < 0 || c > 0x7E) continue;
+        const float err = error(c);
+        if (err < best_err) {
+          best = c;
+          best_err = err;
+        }
+      }
+      ASSERT_EQ(int{got[b]}, best) << "dist " << static_cast<int>(d) << " block " << b << " s0 " << int{s0[b]};
+      moved_two += std::abs(best - s0[b]) == 2;
+    }
+    // The outer steps are taken somewhere on spread-out data, so a narrower search would fail too.
+    if (d == Dist::gaussian || d == Dist::student_t3) {
+      EXPECT_GT(moved_two, 0) << "dist " << static_cast<int>(d);
+    }
+  }
+}
+
 // Three-level nvfp4 mse also searches the global scale: the chosen one is one of the candidates,
 // and the total error is at most round-to-nearest's.
 TEST(ScaleSearch, MseThreeLevelNeverWorseInTotal) {
