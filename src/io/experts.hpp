@@ -80,4 +80,9 @@ std::vector<std::byte> merge_columns(const std::vector<std::span<const std::byte
 // decoded), releasing the input pages as it goes.
 Tensor gather_rows(const Checkpoint& ck, const Sources& sources, const ExpertRows& rows);
 
+// convert of a gpt-oss MXFP4 source to MLX (quantize_checkpoint.cpp): what quantize --format mxfp4
+// --export mlx writes for the dequantized checkpoint, the experts' E2M1 codes and E8M0 scales
+// copied from the source's `_blocks` and `_scales` instead of decoded and quantized again.
+Report convert_gptoss_mxfp4(const fs::path& in, const fs::path& out, const ConvertOptions& opt);
+
 }  // namespace microscale::io::ck
