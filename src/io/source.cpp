@@ -432,9 +432,9 @@ void refuse_convert(const Sources& s, const std::string& input, Convention to) {
                 " has no form for: vLLM's gpt-oss model reads quantized experts only as these _blocks / _scales "
                 "tensors (quant_method \"mxfp4\"), and its " +
                 layout(to).title +
-                " path reads float stacks. Keep this checkpoint as it is for vLLM, convert it --to mlx (the same "
-                "codes and scales), or dequantize it and quantize the float checkpoint with this export (its "
-                "experts then stay in high precision)");
+                " path reads float stacks. Keep this checkpoint as it is for vLLM, convert it --to mlx or --to "
+                "compressed-tensors (the same codes and scales), or dequantize it and quantize the float checkpoint "
+                "with this export (its experts then stay in high precision)");
   throw Error(input + " is an FP8 checkpoint (" + name(*s.kind) + ", e.g. " + detail::quote(w.data) + ": " +
               w.describe() +
               "); convert moves microscale's quantized formats between layouts and FP8 is not one "
