@@ -305,7 +305,7 @@ def test_convert_to_ct_copies_every_code_and_scale(arbitrary, tmp_path):
 
 
 def test_compressed_tensors_reads_the_converted_experts(arbitrary, tmp_path):
-    """compressed-tensors' QuantizationConfig parses the config, and its own MXFP4 decompressor
+    """compressed-tensors' QuantizationConfig and ModelCompressor take the config, and its own MXFP4 decompressor
     (its nibble order and E8M0 decoding) gives, for every expert, the values microscale's
     dequantize gives for the source, and those transformers' own gpt-oss MXFP4 decoder gives
     (convert_moe_packed_tensors; gate the even columns, as its GptOssExperts reads them)."""
@@ -313,6 +313,8 @@ def test_compressed_tensors_reads_the_converted_experts(arbitrary, tmp_path):
     pytest.importorskip("transformers.integrations.mxfp4", reason="transformers is not installed")
     import torch
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+    from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
     from compressed_tensors.quantization import QuantizationConfig
 
@@ -322,6 +324,7 @@ def test_compressed_tensors_reads_the_converted_experts(arbitrary, tmp_path):
     cfg = json.load(open(tmp_path / "ct" / "config.json"))
     parsed = QuantizationConfig.model_validate(cfg["quantization_config"])
     assert parsed.format == "mxfp4-pack-quantized"
+    assert ModelCompressor.from_compression_config(CompressedTensorsConfig.from_dict(cfg["quantization_config"]))
     scheme = parsed.config_groups["group_0"]
     got, dq = load_all(str(tmp_path / "ct")), linearized(load_all(str(tmp_path / "dq")))
     tf = {}  # transformers' decode of each source stack, [E, in, out]
