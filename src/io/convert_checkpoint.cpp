@@ -306,7 +306,11 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   const Input in = open_complete(in_path);
   Detected det = detect(in.ck, in.config);
   check_unsupported(det);
-  if (det.sources.kind) refuse_convert(det.sources, in_path.string());
+  // gpt-oss MXFP4 (detect refuses mixed layouts): MLX's split stacks, or compressed-tensors'
+  // per-expert Linears; ModelOpt's loaders have no form for its experts.
+  if (det.sources.kind == SourceKind::gptoss_mxfp4 && opt.to != Convention::modelopt)
+    return convert_gptoss_mxfp4(in_path, out, opt);
+  if (det.sources.kind) refuse_convert(det.sources, in_path.string(), opt.to);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");
   const LayoutOps& lay = layout(opt.to);
   Report report;

@@ -79,6 +79,20 @@ std::vector<BiasPart> gptoss_bias_parts(std::string_view n) {
   return {};
 }
 
+std::string gptoss_expert_name(const std::string& split_name, std::int64_t expert) {
+  constexpr std::string_view kExperts = ".experts.";
+  const std::size_t at = split_name.rfind(kExperts) + kExperts.size();  // gptoss_layers' and _bias_parts' names
+  return split_name.substr(0, at) + std::to_string(expert) + "." + split_name.substr(at);
+}
+
+ExpertRows gptoss_expert(const ExpertRows& layer, std::int64_t expert) {
+  ExpertRows one = layer;
+  one.module = gptoss_expert_name(layer.module, expert);
+  one.experts = 1;
+  one.first_expert = layer.first_expert + expert;
+  return one;
+}
+
 std::vector<std::string> per_expert_outputs(const std::string& module, std::int64_t experts,
                                             const detail::Json& config) {
   constexpr std::string_view kSwitch = ".switch_mlp.";

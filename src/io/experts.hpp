@@ -22,6 +22,7 @@ struct ExpertRows {
   // A [E, K, C] stack (gpt-oss): expert e's row r is column col_start + r * col_step, transposed.
   std::int64_t col_start = 0, col_step = 0;
   std::int64_t experts = 0, rows = 0, cols = 0;  // E, N and K of the layer
+  std::int64_t first_expert = 0;                 // of a stack's experts, the first this layer holds
 };
 
 // "<p>.experts.<i>.<proj>.weight" split into its parts; nullopt for other names.
@@ -57,6 +58,11 @@ struct BiasPart {
   std::int64_t col_start, col_step;
 };
 std::vector<BiasPart> gptoss_bias_parts(std::string_view tensor);
+// llm-compressor's linearized gpt-oss holds each expert as its own Linear modules: a split layer
+// or bias name "<p>.experts.gate_proj[.bias]" for expert e is "<p>.experts.<e>.gate_proj[.bias]".
+std::string gptoss_expert_name(const std::string& split_name, std::int64_t expert);
+// Expert e of a split layer (gptoss_layers) as such a module: one [N, K] layer.
+ExpertRows gptoss_expert(const ExpertRows& layer, std::int64_t expert);
 
 // Back to transformers' form (dequantize): the per-expert weight names of a stacked
 // "<p>.switch_mlp.<proj>" layer of `experts` experts, "<p>.experts.<i>.<proj>.weight" (Mixtral:
@@ -79,5 +85,10 @@ std::vector<std::byte> merge_columns(const std::vector<std::span<const std::byte
 // The layer's rows gathered into one [E * N, K] tensor of the source's float dtype (FP8 sources
 // decoded), releasing the input pages as it goes.
 Tensor gather_rows(const Checkpoint& ck, const Sources& sources, const ExpertRows& rows);
+
+// convert of a gpt-oss MXFP4 source to MLX (quantize_checkpoint.cpp): what quantize --format mxfp4
+// --export mlx writes for the dequantized checkpoint, the experts' E2M1 codes and E8M0 scales
+// copied from the source's `_blocks` and `_scales` instead of decoded and quantized again.
+Report convert_gptoss_mxfp4(const fs::path& in, const fs::path& out, const ConvertOptions& opt);
 
 }  // namespace microscale::io::ck

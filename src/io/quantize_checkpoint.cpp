@@ -229,48 +229,98 @@ void stack_per_expert(std::vector<Sel>& chosen, const std::map<std::string, std:
   chosen = std::move(out);
 }
 
-// gpt-oss's expert biases as mlx-lm's split model names them, when its experts are written split
-// (mlx-lm then skips its own sanitize, which would otherwise split them): gate_up_proj_bias
-// [E, 2N] becomes gate_proj.bias and up_proj.bias (even and odd columns), down_proj_bias
-// down_proj.bias.
-std::vector<Item> gptoss_bias_items(const Input& in, const std::string& name, Report& report) {
+// gpt-oss's expert biases as the split experts' modules name them (mlx-lm then skips its own
+// sanitize, which would otherwise split them): gate_up_proj_bias [E, 2N] becomes gate_proj.bias and
+// up_proj.bias (even and odd columns), down_proj_bias down_proj.bias; [E, N] each in mlx-lm's
+// stacked form, or `per_expert` [N] for each expert as llm-compressor's linearized model holds them.
+std::vector<Item> gptoss_bias_items(const Input& in, const std::string& name, Report& report, bool per_expert) {
   std::vector<Item> items;
   const StTensor& t = in.ck.tensor(name);
   if (t.shape.size() != 2)
     throw Error("gpt-oss expert bias " + detail::quote(name) + " is " + shape_str(t.shape, ShapeStyle::list) +
                 ", expected [experts, columns]");
-  for (const BiasPart& part : gptoss_bias_parts(name)) {
-    const Shape shape = {t.shape[0], (t.shape[1] - part.col_start + part.col_step - 1) / part.col_step};
-    Item it = tensor_item(in, name, part.name);
-    it.entries = {{part.name, t.dtype, shape}};
-    it.run = [&in, &report, name, part, shape](SafetensorsWriter& w) {
+  const std::int64_t experts = t.shape[0];
+  auto add = [&](const BiasPart& part, const std::string& out_name, std::int64_t first, std::int64_t count) {
+    const std::int64_t cols = (t.shape[1] - part.col_start + part.col_step - 1) / part.col_step;
+    const Shape shape = per_expert ? Shape{cols} : Shape{count, cols};
+    Item it = tensor_item(in, name, out_name);
+    it.entries = {{out_name, t.dtype, shape}};
+    it.run = [&in, &report, name, part, out_name, first, count, cols, shape](SafetensorsWriter& w) {
       const StTensor& src = in.ck.tensor(name);
       const std::size_t size = st_nbytes(src.dtype, {1});
-      std::vector<std::byte> out(static_cast<std::size_t>(shape[0] * shape[1]) * size);
-      for (std::int64_t e = 0; e < shape[0]; ++e)
-        for (std::int64_t c = 0; c < shape[1]; ++c)
+      std::vector<std::byte> out(static_cast<std::size_t>(count * cols) * size);
+      for (std::int64_t e = 0; e < count; ++e)
+        for (std::int64_t c = 0; c < cols; ++c)
           std::memcpy(
-              out.data() + static_cast<std::size_t>(e * shape[1] + c) * size,
-              src.data.data() + static_cast<std::size_t>(e * src.shape[1] + part.col_start + c * part.col_step) * size,
+              out.data() + static_cast<std::size_t>(e * cols + c) * size,
+              src.data.data() +
+                  static_cast<std::size_t>((first + e) * src.shape[1] + part.col_start + c * part.col_step) * size,
               size);
-      w.write(part.name, out);
+      w.write(out_name, out);
       TensorReport r;
-      r.name = part.name;
+      r.name = out_name;
       r.action = TensorAction::copied;
       r.format = src.dtype_name();
       r.shape = shape;
-      r.bytes_in = src.data.size();
+      r.bytes_in = static_cast<std::size_t>(count * src.shape[1]) * size;
       r.bytes_out = out.size();
       report.tensors.push_back(std::move(r));
     };
     items.push_back(std::move(it));
-  }
+  };
+  if (per_expert)
+    for (std::int64_t e = 0; e < experts; ++e)
+      for (const BiasPart& part : gptoss_bias_parts(name)) add(part, gptoss_expert_name(part.name, e), e, 1);
+  else
+    for (const BiasPart& part : gptoss_bias_parts(name)) add(part, part.name, 0, experts);
   return items;
 }
 
-}  // namespace
+// A split gpt-oss expert layer (gate, up or down) made of its MXFP4 source's bytes: expert e's
+// row r is row col_start + r * col_step of expert first_expert + e in `<m>_blocks` [E, C, K/32, 16]
+// and `<m>_scales` [E, C, K/32]. Those bytes are what an mxfp4 layer holds (two E2M1 codes a byte,
+// the even element in the low nibble; one E8M0 exponent per 32 inputs), so convert copies them
+// instead of decoding and quantizing again, which could pick another scale for a block whose
+// largest code is below 4.
+struct CodeBytes {
+  std::vector<std::byte> packed, scales;
+};
+CodeBytes gptoss_codes(const Checkpoint& ck, const SourceWeight& w, const ExpertRows& rows) {
+  const StTensor& b = ck.tensor(w.data);
+  const StTensor& s = ck.tensor(w.scale);
+  const std::int64_t src_rows = b.shape[1], groups = b.shape[2];
+  const auto row_bytes = static_cast<std::size_t>(groups) * 16, row_scales = static_cast<std::size_t>(groups);
+  const auto n = static_cast<std::size_t>(rows.experts * rows.rows);
+  CodeBytes out;
+  out.packed.resize(n * row_bytes);
+  out.scales.resize(n * row_scales);
+  for (std::int64_t e = 0; e < rows.experts; ++e)
+    for (std::int64_t r = 0; r < rows.rows; ++r) {
+      const std::int64_t src_expert = rows.first_expert + e, src_row = rows.col_start + r * rows.col_step;
+      const auto from = static_cast<std::size_t>(src_expert * src_rows + src_row),
+                 to = static_cast<std::size_t>(e * rows.rows + r);
+      const std::byte* exps = s.data.data() + from * row_scales;
+      for (std::size_t g = 0; g < row_scales; ++g)
+        if (exps[g] == std::byte{0xFF})
+          throw Error("tensor " + detail::quote(w.scale) + " holds the E8M0 NaN code 0xFF at [" +
+                      std::to_string(src_expert) + ", " + std::to_string(src_row) + ", " + std::to_string(g) +
+                      "]; the block it scales has no value to convert");
+      std::memcpy(out.scales.data() + to * row_scales, exps, row_scales);
+      std::memcpy(out.packed.data() + to * row_bytes, b.data.data() + from * row_bytes, row_bytes);
+    }
+  return out;
+}
 
-Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
+// The bytes of experts [first, first + count) of a tensor stacked by expert (dim 0; stacks of no
+// experts are refused when selected).
+std::span<const std::byte> expert_bytes(const StTensor& t, std::int64_t first, std::int64_t count) {
+  const std::size_t per = t.data.size() / static_cast<std::size_t>(t.shape[0]);
+  return t.data.subspan(static_cast<std::size_t>(first) * per, static_cast<std::size_t>(count) * per);
+}
+
+// quantize_checkpoint, and with `copy_codes` convert_gptoss_mxfp4: gpt-oss MXFP4 experts then
+// take the path a dequantized gpt-oss's float stacks take, their codes and scales copied.
+Report quantize_impl(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt, bool copy_codes) {
   if (opt.part.count < 1 || opt.part.index < 0 || opt.part.index >= opt.part.count)
     throw Error("part " + std::to_string(opt.part.index) + " of " + std::to_string(opt.part.count) +
                 ": the number of parts must be at least 1 and the part 0 to one less");
@@ -279,7 +329,8 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   if (!det.layers.empty())
     throw Error(in_path.string() + " is already quantized (" + det.convention_name() +
                 "); use microscale convert or microscale dequantize");
-  check_quantizable(det.sources, in_path.string());  // FP8 sources are decoded below; gpt-oss is refused
+  // FP8 sources are decoded below; gpt-oss is refused, unless convert copies its codes.
+  if (!copy_codes) check_quantizable(det.sources, in_path.string());
   if (!det.unsupported.empty()) {  // e.g. FP8 E5M2 weights: convert and dequantize cannot read them either
     std::string list;
     for (std::size_t i = 0; i < det.unsupported.size() && i < 3; ++i) {
@@ -323,15 +374,28 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     const StTensor& t = in.ck.tensor(n);
     if (det.sources.consumed.count(n) && !det.sources.find(n)) continue;  // FP8 scales: dropped
     const StDType dtype = det.sources.find(n) ? StDType::f32 : t.dtype;   // FP8 weights decode to float32
-    all_modules.insert(module_of(n));
-    if (!looks_like_weight(n, t.shape)) continue;  // biases, norms, buffers: copied
-    const std::string m = owner_module(n);
-    const bool gptoss_stack = mlx && gptoss && gptoss_expert_weight(n, t.shape);
-    Keep why = gptoss_stack ? Keep::quantize : t.shape.size() != 2 ? Keep::rank : default_keep(n, t.shape, dtype);
+    // Copied gpt-oss codes: selected as the [E, in, out] stack dequantize writes for them.
+    const SourceWeight* codes = copy_codes ? det.sources.find(n) : nullptr;
+    const std::string& logical = codes ? codes->output : n;
+    const Shape& shape = codes ? codes->shape : t.shape;
+    if (codes && !gptoss_expert_weight(logical, shape))
+      throw Error("gpt-oss MXFP4 tensor " + detail::quote(n) +
+                  " is not one of gpt-oss's expert stacks (<p>.experts.gate_up_proj_blocks, "
+                  "<p>.experts.down_proj_blocks), the only MXFP4 tensors convert has a " +
+                  lay.title + " form for");
+    if (codes && shape[0] == 0)
+      throw Error("gpt-oss MXFP4 tensor " + detail::quote(n) + " holds no experts (" +
+                  shape_str(t.shape, ShapeStyle::list) + "): there are no codes to convert");
+    all_modules.insert(module_of(logical));
+    if (!looks_like_weight(logical, shape)) continue;  // biases, norms, buffers: copied
+    const std::string m = owner_module(logical);
+    // Split into gate, up and down: stacked for MLX; copied codes elsewhere go per expert.
+    const bool gptoss_stack = (codes || (mlx && gptoss)) && gptoss_expert_weight(logical, shape);
+    Keep why = gptoss_stack ? Keep::quantize : shape.size() != 2 ? Keep::rank : default_keep(n, shape, dtype);
     if (by_name(why) && matches(opt.include, m)) why = Keep::quantize;
     if (why == Keep::quantize && matches(opt.exclude, m)) why = Keep::excluded;
-    if (why == Keep::quantize && t.shape[1] % base.group_size != 0) why = Keep::group;
-    const std::string reason = kept_reason(why, n, t.shape, dtype, base.group_size, lay, gptoss);
+    if (why == Keep::quantize && shape[1] % base.group_size != 0) why = Keep::group;
+    const std::string reason = kept_reason(why, logical, shape, dtype, base.group_size, lay, gptoss);
     if (!weight_modules.count(m) || why != Keep::quantize) weight_modules[m] = reason;
     if (why != Keep::quantize) {
       kept[n] = reason;
@@ -341,7 +405,17 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
     }
     if (conv1d_weight(in.config, m)) conv1d.push_back(n);
     if (gptoss_stack) {  // [E, in, out]: K is the input dimension, shape[1]
-      for (ExpertRows& r : gptoss_layers(n, t.shape)) {
+      for (ExpertRows& r : gptoss_layers(logical, shape)) {
+        if (codes) r.tensors = {n};
+        if (!mlx) {  // llm-compressor's linearized experts: one [N, K] Linear each
+          for (std::int64_t e = 0; e < r.experts; ++e) {
+            ExpertRows one = gptoss_expert(r, e);
+            Layer l = Layer::of(one.module, base, {one.rows, one.cols});
+            l.float_dtype = dtype;
+            chosen.push_back({n, one.module, std::move(l), std::move(one)});
+          }
+          continue;
+        }
         Layer l = Layer::of(r.module, base, {mul(n, r.experts, r.rows, "experts x rows"), r.cols});
         l.experts = r.experts;
         l.float_dtype = dtype;
@@ -497,7 +571,7 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
   for (const std::string& n : in.ck.names()) {
     if (stacked_parts.count(n)) continue;
     if (gptoss_split && !gptoss_bias_parts(n).empty()) {
-      for (Item& it : gptoss_bias_items(in, n, report)) items.push_back(std::move(it));
+      for (Item& it : gptoss_bias_items(in, n, report, !mlx)) items.push_back(std::move(it));
       continue;
     }
     auto sel = by_name.find(n);
@@ -520,6 +594,29 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
             it.inputs.push_back(in.ck.tensor(t).data);
             it.in_bytes += in.ck.tensor(t).data.size();
           }
+      if (const SourceWeight* codes = copy_codes ? det.sources.find(n) : nullptr) {
+        const ExpertRows& rows = *s.experts;
+        it.inputs = {expert_bytes(in.ck.tensor(codes->data), rows.first_expert, rows.experts),
+                     expert_bytes(in.ck.tensor(codes->scale), rows.first_expert, rows.experts)};
+        it.in_bytes = it.inputs[0].size() + it.inputs[1].size();
+        it.run = [&, sp = &s, codes, bytes_in = it.in_bytes, read = it.inputs](SafetensorsWriter& w) {
+          const CodeBytes bytes = gptoss_codes(in.ck, *codes, *sp->experts);
+          Layer l = sp->skel;
+          l.packed = bytes.packed;
+          l.scales = bytes.scales;
+          TensorReport r;
+          r.name = sp->module;
+          r.action = TensorAction::converted;
+          r.format = name(l.format.mode);
+          r.shape = l.stored(l.cols());
+          r.bytes_in = bytes_in;
+          write_emitted(w, emit(l, opt.to), r);
+          for (const auto& range : read) release(range);
+          report.tensors.push_back(std::move(r));
+        };
+        items.push_back(std::move(it));
+        continue;
+      }
       it.run = [&, sp = &s, bytes_in = it.in_bytes](SafetensorsWriter& w) {
         const StTensor& src = in.ck.tensor(sp->name);
         Tensor storage;
@@ -578,5 +675,29 @@ Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const Q
                options_text(base, opt, w4a4));
   return report;
 }
+
+}  // namespace
+
+Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
+  return quantize_impl(in_path, out, opt, false);
+}
+
+namespace ck {
+
+Report convert_gptoss_mxfp4(const fs::path& in_path, const fs::path& out, const ConvertOptions& opt) {
+  QuantizeOptions q;
+  q.spec.mode = Mode::mxfp4;
+  q.to = opt.to;
+  q.force = opt.force;
+  q.progress = opt.progress;
+  Report report = quantize_impl(in_path, out, q, true);
+  report.notes.push_back(std::string("gpt-oss MXFP4 experts: E2M1 codes and E8M0 scales copied from the source") +
+                         (opt.to == Convention::mlx ? "" : " into one Linear per expert (llm-compressor's form)") +
+                         "; the float weights quantized to mxfp4 as quantize --format mxfp4 --export " +
+                         layout(opt.to).name + " does");
+  return report;
+}
+
+}  // namespace ck
 
 }  // namespace microscale::io

@@ -425,15 +425,16 @@ void note_dropped(const Sources& s, Report& report) {
                          "): they describe FP8 activations, not the weights written");
 }
 
-void refuse_convert(const Sources& s, const std::string& input) {
+void refuse_convert(const Sources& s, const std::string& input, Convention to) {
   const SourceWeight& w = s.weights.front();
   if (s.kind == SourceKind::gptoss_mxfp4)
-    throw Error("tensor " + detail::quote(w.data) +
-                " holds gpt-oss MXFP4 stacked experts; converting them to another layout without re-quantizing "
-                "needs stacked-expert support that microscale does not have yet. Use microscale dequantize (it "
-                "writes " +
-                detail::quote(w.output) + " as " + shape_str(w.shape, ShapeStyle::list) +
-                " floats, as transformers loads them), then quantize the dequantized checkpoint");
+    throw Error("tensor " + detail::quote(w.data) + " holds gpt-oss MXFP4 stacked experts, which " + layout(to).title +
+                " has no form for: vLLM's gpt-oss model reads quantized experts only as these _blocks / _scales "
+                "tensors (quant_method \"mxfp4\"), and its " +
+                layout(to).title +
+                " path reads float stacks. Keep this checkpoint as it is for vLLM, convert it --to mlx or --to "
+                "compressed-tensors (the same codes and scales), or dequantize it and quantize the float checkpoint "
+                "with this export (its experts then stay in high precision)");
   throw Error(input + " is an FP8 checkpoint (" + name(*s.kind) + ", e.g. " + detail::quote(w.data) + ": " +
               w.describe() +
               "); convert moves microscale's quantized formats between layouts and FP8 is not one "

@@ -69,8 +69,9 @@ TensorView float_values(const Checkpoint& ck, const Sources& s, const std::strin
 // quantize: refuses sources it cannot take (gpt-oss stacked experts), and notes the dropped scales.
 void check_quantizable(const Sources& s, const std::string& input);
 void note_dropped(const Sources& s, Report& report);
-// convert: always refused, saying what works instead.
-[[noreturn]] void refuse_convert(const Sources& s, const std::string& input);
+// convert: refused, saying what works instead (FP8 into any layout; gpt-oss MXFP4 into ModelOpt,
+// which has no form for its stacked experts).
+[[noreturn]] void refuse_convert(const Sources& s, const std::string& input, Convention to);
 
 // An item writing `w` decoded to `dt` as `w.output`, reported with `action` (and `reason`).
 Item source_item(const Input& in, const SourceWeight& w, DType dt, Report& report, TensorAction action,

@@ -363,7 +363,7 @@ def test_gptoss_inspect_dequantize_and_refusals(tmp_path):
     with open(tmp_path / "dq" / "config.json") as f:
         assert "quantization_config" not in json.load(f)
 
-    r = run("convert", src, "-o", tmp_path / "cv", "--to", "mlx", ok=False)
+    r = run("convert", src, "-o", tmp_path / "cv", "--to", "modelopt", ok=False)
     assert r.returncode != 0 and "gate_up_proj_blocks" in r.stderr and "dequantize" in r.stderr, r.stderr
     r = run("quantize", src, "-o", tmp_path / "q", "--format", "mxfp4", ok=False)
     assert r.returncode != 0 and "gpt-oss" in r.stderr and "dequantize" in r.stderr, r.stderr
