@@ -7,12 +7,35 @@ Run as a script to make one by hand: ``python ckpt_support.py OUT_DIR [--hidden 
 
 import json
 import os
+import subprocess
 import sys
 
 import ml_dtypes
 import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The command the CLI tests run: the one built in build/ (scripts/test.sh builds it first) or
+# $MICROSCALE_CLI. Test modules skip themselves when it is missing (os.access(CLI, os.X_OK)).
+CLI = os.environ.get("MICROSCALE_CLI") or os.path.join(ROOT, "build", "src", "cli", "microscale")
+
+
+def run(*args):
+    """`microscale ARGS...`, captured; a hung command fails after 5 minutes."""
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, errors="replace", timeout=300)
+
+
+def ok(*args):
+    """run(*args), asserting that it succeeded (the message carries its stderr)."""
+    r = run(*args)
+    assert r.returncode == 0, f"{args}: {r.stderr}"
+    return r
+
+
+def u8(a):
+    """The bytes of array `a` (for byte-identity checks whatever its dtype)."""
+    return np.ascontiguousarray(a).view(np.uint8)
 
 # Llama-like: q/k/v/o + gate/up/down per layer, norms, embeddings and an untied lm_head.
 PROJECTIONS = {

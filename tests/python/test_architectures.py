@@ -15,19 +15,16 @@ import io
 import json
 import os
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
 import spec_oracle as so
-from ckpt_support import BF16, header, load_all
+from ckpt_support import BF16, CLI, ROOT, header, load_all, ok, run, u8
 
 pytest.importorskip("safetensors")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-CLI = os.environ.get("MICROSCALE_CLI") or os.path.join(ROOT, "build", "src", "cli", "microscale")
 if not os.access(CLI, os.X_OK):
     pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
 
@@ -43,16 +40,6 @@ MODE_IDS = [f"{f}-{e}" for f, e in MODES]
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3",
                "qkv_proj", "gate_up_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"}
 ROUTERS = {"gate", "router"}  # Qwen3-MoE / DeepSeek mlp.gate, Mixtral block_sparse_moe.gate, gpt-oss mlp.router
-
-
-def run(*args):
-    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, errors="replace", timeout=300)
-
-
-def ok(*args):
-    r = run(*args)
-    assert r.returncode == 0, f"{args}: {r.stderr}"
-    return r
 
 
 def source(arch):
@@ -176,10 +163,6 @@ def tensor_headers(d):
         if f.endswith(".safetensors"):
             out.update({k: (v["dtype"], v["shape"]) for k, v in header(os.path.join(d, f)).items() if k != "__metadata__"})
     return out
-
-
-def u8(a):
-    return np.ascontiguousarray(a).view(np.uint8)
 
 
 def decode(d):

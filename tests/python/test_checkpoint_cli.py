@@ -22,12 +22,10 @@ import numpy as np
 import pytest
 
 import microscale
-from ckpt_support import header, load_all, make_tensors, write_model
+from ckpt_support import CLI, header, load_all, make_tensors, write_model
 
 pytest.importorskip("safetensors")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLI = os.environ.get("MICROSCALE_CLI") or os.path.join(ROOT, "build", "src", "cli", "microscale")
 if not os.access(CLI, os.X_OK):
     pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
 if "quantize" not in subprocess.run([CLI, "--help"], capture_output=True, text=True).stdout:

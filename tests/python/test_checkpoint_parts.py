@@ -15,12 +15,10 @@ import time
 
 import pytest
 
-from ckpt_support import make_tensors, write_model
+from ckpt_support import CLI, make_tensors, write_model
 
 pytest.importorskip("safetensors")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLI = os.environ.get("MICROSCALE_CLI") or os.path.join(ROOT, "build", "src", "cli", "microscale")
 if not os.access(CLI, os.X_OK):
     pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
 

@@ -15,39 +15,22 @@ is installed.
 
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
 import spec_oracle as so
-from ckpt_support import BF16, load_all
+from ckpt_support import BF16, CLI, ROOT, load_all, ok, run, u8
 
 pytest.importorskip("safetensors")
 from safetensors.numpy import save_file  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-CLI = os.environ.get("MICROSCALE_CLI") or os.path.join(ROOT, "build", "src", "cli", "microscale")
 if not os.access(CLI, os.X_OK):
     pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
 
 FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 STACKS = ("gate_up_proj", "down_proj")
-
-
-def run(*args):
-    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, errors="replace", timeout=300)
-
-
-def ok(*args):
-    r = run(*args)
-    assert r.returncode == 0, f"{args}: {r.stderr}"
-    return r
-
-
-def u8(a):
-    return np.ascontiguousarray(a).view(np.uint8)
 
 
 def make_source(d, seed, canonical):

@@ -12,13 +12,11 @@ import numpy as np
 import pytest
 
 import microscale
-from ckpt_support import load_all, make_tensors, write_model
+from ckpt_support import CLI, ROOT, load_all, make_tensors, write_model
 
 pytest.importorskip("safetensors")
 from safetensors.numpy import save_file  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLI = os.environ.get("MICROSCALE_CLI") or os.path.join(ROOT, "build", "src", "cli", "microscale")
 if not os.access(CLI, os.X_OK):
     pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
 if "--hessians" not in subprocess.run([CLI, "quantize", "--help"], capture_output=True, text=True).stdout:
