@@ -17,7 +17,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The command the CLI tests run: the one built in build/ (scripts/test.sh builds it first) or
-# $MICROSCALE_CLI. Test modules skip themselves when it is missing (os.access(CLI, os.X_OK)).
+# $MICROSCALE_CLI. Test modules that need it call skip_without_cli() first.
 CLI = os.environ.get("MICROSCALE_CLI") or os.path.join(ROOT, "build", "src", "cli", "microscale")
 
 
@@ -33,9 +33,18 @@ def ok(*args):
     return r
 
 
+def skip_without_cli():
+    """Skips the calling test module (at import) when there is no command at CLI."""
+    if not os.access(CLI, os.X_OK):
+        import pytest
+
+        pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+
+
 def u8(a):
     """The bytes of array `a` (for byte-identity checks whatever its dtype)."""
     return np.ascontiguousarray(a).view(np.uint8)
+
 
 # Llama-like: q/k/v/o + gate/up/down per layer, norms, embeddings and an untied lm_head.
 PROJECTIONS = {

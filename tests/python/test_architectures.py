@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 
 import spec_oracle as so
-from ckpt_support import BF16, CLI, ROOT, header, load_all, ok, run, u8
+from ckpt_support import BF16, CLI, ROOT, header, load_all, ok, run, skip_without_cli, u8
 
 pytest.importorskip("safetensors")
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-if not os.access(CLI, os.X_OK):
-    pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+skip_without_cli()
 
 ARCHS = sorted(d for d in os.listdir(FIXTURES) if os.path.exists(os.path.join(FIXTURES, d, "config.json")))
 LINEAR_ARCHS = [a for a in ARCHS if a != "gpt2"]  # GPT-2's Conv1D weights are refused (test below)

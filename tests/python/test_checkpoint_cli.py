@@ -22,12 +22,11 @@ import numpy as np
 import pytest
 
 import microscale
-from ckpt_support import CLI, header, load_all, make_tensors, write_model
+from ckpt_support import CLI, header, load_all, make_tensors, skip_without_cli, write_model
 
 pytest.importorskip("safetensors")
 
-if not os.access(CLI, os.X_OK):
-    pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+skip_without_cli()
 if "quantize" not in subprocess.run([CLI, "--help"], capture_output=True, text=True).stdout:
     pytest.skip(f"{CLI} predates the checkpoint commands: rebuild it", allow_module_level=True)
 

@@ -15,12 +15,11 @@ import time
 
 import pytest
 
-from ckpt_support import CLI, make_tensors, write_model
+from ckpt_support import CLI, make_tensors, skip_without_cli, write_model
 
 pytest.importorskip("safetensors")
 
-if not os.access(CLI, os.X_OK):
-    pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+skip_without_cli()
 
 # Launcher variables of the test's own environment must not leak into the parts.
 LAUNCHER_VARS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",

@@ -19,10 +19,9 @@ import subprocess
 
 import pytest
 
-from ckpt_support import CLI, ROOT, header
+from ckpt_support import CLI, ROOT, header, skip_without_cli
 
-if not os.access(CLI, os.X_OK):
-    pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+skip_without_cli()
 
 LLAMA = os.path.join(ROOT, "tests", "fixtures", "llama")
 PRODUCER_VERSION = re.compile(r"microscale-\d+\.\d+\.\d+")

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 import microscale
-from ckpt_support import CLI, ROOT, load_all, make_tensors, write_model
+from ckpt_support import CLI, ROOT, load_all, make_tensors, skip_without_cli, write_model
 
 pytest.importorskip("safetensors")
 from safetensors.numpy import save_file  # noqa: E402
 
-if not os.access(CLI, os.X_OK):
-    pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+skip_without_cli()
 if "--hessians" not in subprocess.run([CLI, "quantize", "--help"], capture_output=True, text=True).stdout:
     pytest.skip(f"{CLI} predates --hessians: rebuild it", allow_module_level=True)
 

@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 
 import spec_oracle as so
-from ckpt_support import BF16, CLI, ROOT, load_all, ok, run, u8
+from ckpt_support import BF16, CLI, ROOT, load_all, ok, run, skip_without_cli, u8
 
 pytest.importorskip("safetensors")
 from safetensors.numpy import save_file  # noqa: E402
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-if not os.access(CLI, os.X_OK):
-    pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+skip_without_cli()
 
 
 @pytest.fixture(scope="module")

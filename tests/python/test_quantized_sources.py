@@ -12,10 +12,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ckpt_support import CLI, load_all
+from ckpt_support import CLI, load_all, skip_without_cli
 
-if not os.access(CLI, os.X_OK):
-    pytest.skip(f"no microscale command at {CLI} (build it, or set MICROSCALE_CLI)", allow_module_level=True)
+skip_without_cli()
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
