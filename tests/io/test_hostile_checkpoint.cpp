@@ -316,7 +316,12 @@ TEST(HostileCheckpointDeathTest, FifosAreRefusedNotWaitedOn) {
         expect_error([&] { (void)load_checkpoint(f); }, {f.string(), "FIFO"});
         expect_error([&] { (void)inspect_checkpoint(withcfg); }, {"config.json", "FIFO"});
         expect_error([&] { (void)inspect_checkpoint(withindex); }, {"model.safetensors.index.json", "FIFO"});
-        std::exit(::testing::Test::HasFailure() ? 1 : 0);
+        // The child made its own TempDir (the threadsafe style reruns the test) and std::exit
+        // skips its destructor.
+        const int code = ::testing::Test::HasFailure() ? 1 : 0;
+        std::error_code ec;
+        fs::remove_all(dir.path(), ec);
+        std::exit(code);
       },
       ::testing::ExitedWithCode(0), "");
 }
