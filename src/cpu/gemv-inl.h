@@ -320,8 +320,10 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
 // Fp4Row for mxfp4, two weight rows and one row of x (codes1 / scale_codes1: the second row;
 // `ahead`: how far past each code pointer to prefetch, the next pair of rows). Both rows share
 // each load of x, and their independent chains give the out-of-order core twice the work per
-// step to overlap the decode with: 4% less time per weight on an L2/L3-resident weight (AVX2,
-// Zen 3). For nvfp4 (two factors per block and step) the pair ran 1% slower, so it keeps Fp4Row.
+// step to overlap the decode with: 5% less time per weight on a weight held in L3 (AVX2, Zen 3).
+// For nvfp4 (two factors per block and step) the pair ran 1-8% slower, GCC spilling its sums to
+// the stack, so it keeps Fp4Row. (Decoding the even nibbles of both rows before the odd ones
+// keeps the sums in registers but halves the chains in flight: 8% slower.)
 template <bool kScaledX>
 HWY_INLINE void Mxfp4RowPair(const std::uint8_t* codes0, const std::uint8_t* codes1, const std::uint8_t* scale_codes0,
                              const std::uint8_t* scale_codes1, const float* factor_of, const float* xd, std::int64_t Kp,
