@@ -317,46 +317,44 @@ HWY_INLINE void Fp4Row(const std::uint8_t* codes, const std::uint8_t* scale_code
   StoreRowSums<kM>(a0, a1, a2, a3, b0, b1, b2, b3, sums);
 }
 
-// Fp4Row for mxfp4, two weight rows and one row of x (codes1 / scale_codes1: the second row;
-// `ahead`: how far past each code pointer to prefetch, the next pair of rows). Both rows share
-// each load of x, and their independent chains give the out-of-order core twice the work per
-// step to overlap the decode with: 5% less time per weight on a weight held in L3 (AVX2, Zen 3).
-// For nvfp4 (two factors per block and step) the pair ran 1-8% slower, GCC spilling its sums to
-// the stack, so it keeps Fp4Row. (Decoding the even nibbles of both rows before the odd ones
-// keeps the sums in registers but halves the chains in flight: 8% slower.)
-template <bool kScaledX>
-HWY_INLINE void Mxfp4RowPair(const std::uint8_t* codes0, const std::uint8_t* codes1, const std::uint8_t* scale_codes0,
-                             const std::uint8_t* scale_codes1, const float* factor_of, const float* xd, std::int64_t Kp,
-                             std::int64_t ahead, float* sums) {
+// Two weight rows of 4-bit codes against one row of x in nibble order (mxfp4 and affine 4-bit;
+// codes1: the second row; `ahead`: how far past each code pointer to prefetch, the next pair of
+// rows). values(nibbles) gives the bytes that spread(bytes, j) turns into vector j of float32
+// values; each call of factor0() / factor1() the factor vector of the row's next step, whose
+// block b lies in one group (see NibbleOrderIndex). Both rows share each load of x, and their
+// independent chains give the out-of-order core twice the work per step to overlap the decode
+// with: 4-5% less time per weight for mxfp4 and affine 4-bit on a weight held in L3 (AVX2,
+// Zen 3). For nvfp4 (two factors per block and step) a pair ran 1-8% slower, GCC spilling its
+// sums to the stack, so it keeps Fp4Row. (Decoding the even nibbles of both rows before the odd
+// ones kept the sums in registers but halved the chains in flight: 8% slower.)
+template <class ValuesFn, class SpreadFn, class FactorFn0, class FactorFn1>
+HWY_INLINE void Nibble4RowPair(const std::uint8_t* codes0, const std::uint8_t* codes1, const float* xd, std::int64_t Kp,
+                               std::int64_t ahead, const ValuesFn& values, const SpreadFn& spread, FactorFn0 factor0,
+                               FactorFn1 factor1, float* sums) {
   const DF df;
-  const D8 d8;
-  const auto table = hn::LoadDup128(d8, reinterpret_cast<const std::uint8_t*>(kTwiceE2M1));
-  constexpr std::size_t kGroupsPerStep = kStepWeights / 32;
   VF a0 = hn::Zero(df), a1 = a0;  // the sums of row 0 and row 1
   const std::uint8_t* const end = codes0 + Kp / 2;
-  for (const float* x = xd; codes0 != end; codes0 += kStepBytes, codes1 += kStepBytes, x += kStepWeights,
-                    scale_codes0 += kGroupsPerStep, scale_codes1 += kGroupsPerStep) {
+  for (const float* x = xd; codes0 != end; codes0 += kStepBytes, codes1 += kStepBytes, x += kStepWeights) {
     hwy::Prefetch(codes0 + ahead);
     hwy::Prefetch(codes1 + ahead);
     hn::Vec<D8> low0, high0, low1, high1;
     Nibbles(codes0, low0, high0);
     Nibbles(codes1, low1, high1);
-    low0 = hn::TableLookupBytes(table, low0);
-    high0 = hn::TableLookupBytes(table, high0);
-    low1 = hn::TableLookupBytes(table, low1);
-    high1 = hn::TableLookupBytes(table, high1);
-    // Block b of every vector of the step lies in group b (see NibbleOrderIndex). t: row 0,
-    // u: row 1; even and odd nibbles in separate chains.
+    low0 = values(low0);
+    high0 = values(high0);
+    low1 = values(low1);
+    high1 = values(high1);
+    // t: row 0, u: row 1; even and odd nibbles in separate chains.
     VF t0 = hn::Zero(df), t1 = t0, u0 = t0, u1 = t0;
     for (std::size_t j = 0; j < 4; ++j) {
       const VF x_even = hn::Load(df, x + kN * j), x_odd = hn::Load(df, x + kN * (4 + j));
-      t0 = hn::MulAdd(x_even, SpreadSigned<!kScaledX>(low0, j), t0);
-      u0 = hn::MulAdd(x_even, SpreadSigned<!kScaledX>(low1, j), u0);
-      t1 = hn::MulAdd(x_odd, SpreadSigned<!kScaledX>(high0, j), t1);
-      u1 = hn::MulAdd(x_odd, SpreadSigned<!kScaledX>(high1, j), u1);
+      t0 = hn::MulAdd(x_even, spread(low0, j), t0);
+      u0 = hn::MulAdd(x_even, spread(low1, j), u0);
+      t1 = hn::MulAdd(x_odd, spread(high0, j), t1);
+      u1 = hn::MulAdd(x_odd, spread(high1, j), u1);
     }
-    a0 = hn::MulAdd(hn::Add(t0, t1), BlockFactors([&](std::size_t b) { return factor_of[scale_codes0[b]]; }), a0);
-    a1 = hn::MulAdd(hn::Add(u0, u1), BlockFactors([&](std::size_t b) { return factor_of[scale_codes1[b]]; }), a1);
+    a0 = hn::MulAdd(hn::Add(t0, t1), factor0(), a0);
+    a1 = hn::MulAdd(hn::Add(u0, u1), factor1(), a1);
   }
   sums[0] = hn::GetLane(hn::SumOfLanes(df, a0));
   sums[1] = hn::GetLane(hn::SumOfLanes(df, a1));
@@ -424,9 +422,24 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
 // ---- affine, 4 and 8 bits: sum over groups of scale * sum_k x_k q_k ----
 // (the caller adds each group's bias times its sum of x)
 
+// The factor vector of an affine 4-bit step at weight s (see NibbleOrderIndex): lanes of block b
+// take the scale of weight s + 32b's group. Groups (32, 64 or 128 weights) hold whole blocks of a
+// step; scales is zero-padded past the padding of the last step.
+HWY_INLINE VF AffineStepFactors(const float* scales, std::int64_t s, int log2_gs) {
+  const DF df;
+  if ((std::int64_t{1} << log2_gs) >= static_cast<std::int64_t>(kStepWeights))  // the step lies in one group
+    return hn::Set(df, scales[s >> log2_gs]);
+  if constexpr (kN > 8) {  // lane l: the step's group (32 (l / 4)) >> log2_gs, by a lane permute
+    const DI di;
+    const VI group = hn::ShiftRightSame(hn::ShiftLeft<3>(hn::And(hn::Iota(di, 0), hn::Set(di, ~3))), log2_gs);
+    return hn::TableLookupLanes(hn::LoadU(df, scales + (s >> log2_gs)), hn::IndicesFromVec(df, group));
+  }
+  return BlockFactors([&](std::size_t b) { return scales[(s + static_cast<std::int64_t>(32 * b)) >> log2_gs]; });
+}
+
 // 4-bit codes (low nibble first, as fp4) against x in nibble order, with the row's scales
-// (zero-padded past the padding of the last step). Groups (32, 64 or 128 weights) hold whole
-// blocks of a step, so the step's four vectors j share one factor vector.
+// (zero-padded past the padding of the last step): the step's four vectors j share one factor
+// vector.
 template <int kM>
 HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::int64_t gs, const float* xd,
                            std::int64_t Kp, float* sums) {
@@ -434,7 +447,6 @@ HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::
   const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadUnsigned(bytes, j); };
   const int log2_gs = std::countr_zero(static_cast<std::uint64_t>(gs));
   constexpr auto kStep = static_cast<std::int64_t>(kStepWeights);
-  const bool one_group = gs >= kStep;  // every step lies in one group
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   hn::Vec<D8> low, high;
   Nibbles(codes, low, high);
@@ -442,15 +454,7 @@ HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::
     hwy::Prefetch(codes + s / 2 + 2048);
     hn::Vec<D8> next_low = low, next_high = high;
     if (s + kStep != Kp) Nibbles(codes + (s + kStep) / 2, next_low, next_high);
-    const auto factor = [&](std::size_t) HWY_ATTR {
-      if (one_group) return hn::Set(df, scales[s >> log2_gs]);
-      if constexpr (kN > 8) {  // lane l: the step's group (32 (l / 4)) >> log2_gs, by a lane permute
-        const DI di;
-        const VI group = hn::ShiftRightSame(hn::ShiftLeft<3>(hn::And(hn::Iota(di, 0), hn::Set(di, ~3))), log2_gs);
-        return hn::TableLookupLanes(hn::LoadU(df, scales + (s >> log2_gs)), hn::IndicesFromVec(df, group));
-      }
-      return BlockFactors([&](std::size_t b) { return scales[(s + static_cast<std::int64_t>(32 * b)) >> log2_gs]; });
-    };
+    const auto factor = [&](std::size_t) HWY_ATTR { return AffineStepFactors(scales, s, log2_gs); };
     Step4<kM, 4>(low, high, xd + s, Kp, spread, factor, a0, a1, a2, a3, b0, b1, b2, b3);
     if (s + kStep == Kp) break;
     low = next_low;
@@ -727,41 +731,94 @@ struct GemvInput {
 };
 
 #if HWY_TARGET != HWY_SCALAR
-// mxfp4 W rows [n0, n1) against row m of x, two rows at a time (Mxfp4RowPair). An odd last row
-// is paired with itself: a row's sum never depends on its partner, so every row gets the same
-// arithmetic whatever the chunking.
-inline void Mxfp4RowsInPairs(const GemvInput& in, std::int64_t m, std::int64_t n0, std::int64_t n1) {
+// mxfp4 and affine 4-bit W rows [n0, n1) against row m of x, two rows at a time
+// (Nibble4RowPair). An odd last row is paired with itself: a row's sum never depends on its
+// partner, so every row gets the same arithmetic whatever the chunking.
+inline void Nibble4RowsInPairs(const GemvInput& in, std::int64_t m, std::int64_t n0, std::int64_t n1) {
   const QuantizedMatrix& w = *in.w;
-  const std::int64_t K = w.cols, N = w.rows, groups = K / 32;
-  const auto* scale_codes = reinterpret_cast<const std::uint8_t*>(w.scales);
-  // A row whose last step is partial is read from a zero-padded copy of its codes and scale codes.
+  const bool affine = w.spec.mode == Mode::affine;
+  const std::int64_t K = w.cols, N = w.rows, gs = w.spec.group_size, groups = K / gs;
+  const int log2_gs = std::countr_zero(static_cast<std::uint64_t>(gs));
+  const std::size_t ss = dtype_size(w.scale_dtype);
+  const float* x = in.xd + m * in.Kp;
+  // Per row of the pair: a zero-padded copy of its codes and mxfp4 scale codes when its last
+  // step is partial; affine's scales (zero-padded past the last step) and biases as float32.
   const bool padded = in.Kp != K;
   const auto row_bytes = static_cast<std::size_t>(padded ? in.Kp / 2 + in.Kp / 32 : 1);
+  const auto padded_groups = static_cast<std::size_t>(in.Kp / gs + 1 + 2 * kN);
   auto copies = hwy::AllocateAligned<std::uint8_t>(2 * row_bytes);
   std::memset(copies.get(), 0, 2 * row_bytes);
-  const auto row = [&](std::int64_t n, std::size_t slot, const std::uint8_t*& codes, const std::uint8_t*& scales) {
-    codes = w.packed + n * (K / 2);
-    scales = scale_codes + n * groups;
-    if (!padded) return;
-    std::uint8_t* copy = copies.get() + slot * row_bytes;
-    std::memcpy(copy, codes, static_cast<std::size_t>(K / 2));
-    std::memcpy(copy + in.Kp / 2, scales, static_cast<std::size_t>(groups));
-    codes = copy;
-    scales = copy + in.Kp / 2;
+  auto factors = hwy::AllocateAligned<float>(affine ? 2 * padded_groups : 1);
+  auto biases = hwy::AllocateAligned<float>(affine ? 2 * static_cast<std::size_t>(groups) : 1);
+  struct Row {
+    const std::uint8_t* codes;
+    const std::uint8_t* scale_codes;  // mxfp4
+    const float* factors;             // affine
+    const float* biases;              // affine
   };
-  const float half = in.scaled_x ? 1.0f : 0.5f;  // unscaled x meets twice the values
-  const float* x = in.xd + m * in.Kp;
+  const auto row = [&](std::int64_t n, std::size_t slot) {
+    Row r{w.packed + n * (K / 2), reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups, nullptr, nullptr};
+    if (padded) {
+      std::uint8_t* copy = copies.get() + slot * row_bytes;
+      std::memcpy(copy, r.codes, static_cast<std::size_t>(K / 2));
+      r.codes = copy;
+      if (!affine) {
+        std::memcpy(copy + in.Kp / 2, r.scale_codes, static_cast<std::size_t>(groups));
+        r.scale_codes = copy + in.Kp / 2;
+      }
+    }
+    if (affine) {
+      float* f = factors.get() + slot * padded_groups;
+      float* b = biases.get() + slot * static_cast<std::size_t>(groups);
+      ToF32(w.scales + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, f);
+      ToF32(w.biases + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, b);
+      std::fill(f + groups, f + padded_groups, 0.0f);
+      r.factors = f;
+      r.biases = b;
+    }
+    return r;
+  };
+  const auto table = hn::LoadDup128(D8(), reinterpret_cast<const std::uint8_t*>(kTwiceE2M1));
+  const auto lookup = [table](hn::Vec<D8> nibbles) HWY_ATTR { return hn::TableLookupBytes(table, nibbles); };
+  const auto same = [](hn::Vec<D8> nibbles) HWY_ATTR { return nibbles; };
+  // Factor vectors of a row's steps, one call per step in order.
+  const auto fp4_factors = [&](const std::uint8_t* scale_codes) HWY_ATTR {
+    return [factor_of = in.fp4_factors, scale_codes]() mutable HWY_ATTR {
+      const VF f = BlockFactors([&](std::size_t b) { return factor_of[scale_codes[b]]; });
+      scale_codes += kStepWeights / 32;
+      return f;
+    };
+  };
+  const auto affine_factors = [&](const float* scales) HWY_ATTR {
+    return [scales, log2_gs, s = std::int64_t{0}]() mutable HWY_ATTR {
+      const VF f = AffineStepFactors(scales, s, log2_gs);
+      s += static_cast<std::int64_t>(kStepWeights);
+      return f;
+    };
+  };
   for (std::int64_t n = n0; n < n1; n += 2) {
-    const std::uint8_t *codes0, *codes1, *scales0, *scales1;
-    row(n, 0, codes0, scales0);
-    row(std::min(n + 1, n1 - 1), 1, codes1, scales1);
+    const Row r0 = row(n, 0), r1 = row(std::min(n + 1, n1 - 1), 1);
     float sums[2];
-    if (in.scaled_x)
-      Mxfp4RowPair<true>(codes0, codes1, scales0, scales1, in.fp4_factors, x, in.Kp, K, sums);
-    else
-      Mxfp4RowPair<false>(codes0, codes1, scales0, scales1, in.fp4_factors, x, in.Kp, K, sums);
+    if (affine) {
+      const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadUnsigned(bytes, j); };
+      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, same, spread, affine_factors(r0.factors),
+                     affine_factors(r1.factors), sums);
+      const float* group_sums = in.group_sums + m * groups;
+      sums[0] += Dot(r0.biases, group_sums, groups);
+      sums[1] += Dot(r1.biases, group_sums, groups);
+    } else if (in.scaled_x) {
+      const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadSigned<false>(bytes, j); };
+      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, lookup, spread, fp4_factors(r0.scale_codes),
+                     fp4_factors(r1.scale_codes), sums);
+    } else {
+      const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadSigned<true>(bytes, j); };
+      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, lookup, spread, fp4_factors(r0.scale_codes),
+                     fp4_factors(r1.scale_codes), sums);
+      sums[0] *= 0.5f;  // unscaled x meets twice the values
+      sums[1] *= 0.5f;
+    }
     for (std::int64_t i = 0; i < std::min<std::int64_t>(2, n1 - n); ++i)
-      in.y[m * N + n + i] = in.bias ? sums[i] * half + in.bias[n + i] : sums[i] * half;
+      in.y[m * N + n + i] = in.bias ? sums[i] + in.bias[n + i] : sums[i];
   }
 }
 #endif
@@ -771,7 +828,8 @@ template <int kM>
 void GemvRows(const GemvInput& in, std::int64_t m0, std::int64_t n0, std::int64_t n1) {
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (kM == 1)
-    if (in.kernel == GemvKernel::fp4 && in.w->spec.mode == Mode::mxfp4) return Mxfp4RowsInPairs(in, m0, n0, n1);
+    if ((in.kernel == GemvKernel::fp4 && in.w->spec.mode == Mode::mxfp4) || in.kernel == GemvKernel::affine4)
+      return Nibble4RowsInPairs(in, m0, n0, n1);
 #endif
   const QuantizedMatrix& w = *in.w;
   const QuantSpec& s = w.spec;
