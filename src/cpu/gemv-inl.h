@@ -731,6 +731,29 @@ struct GemvInput {
 };
 
 #if HWY_TARGET != HWY_SCALAR
+// Factor vectors of a row's steps for Nibble4RowPair, one call per step in order: mxfp4 from the
+// row's scale codes (factor_of: the factor of each of the 256 codes), affine from its float32
+// scales.
+struct Fp4StepFactors {
+  const float* factor_of;
+  const std::uint8_t* scale_codes;
+  HWY_INLINE VF operator()() {
+    const VF f = BlockFactors([&](std::size_t b) { return factor_of[scale_codes[b]]; });
+    scale_codes += kStepWeights / 32;
+    return f;
+  }
+};
+struct AffineStepFactorsOf {
+  const float* scales;
+  int log2_gs;
+  std::int64_t s;  // the step's first weight
+  HWY_INLINE VF operator()() {
+    const VF f = AffineStepFactors(scales, s, log2_gs);
+    s += static_cast<std::int64_t>(kStepWeights);
+    return f;
+  }
+};
+
 // mxfp4 and affine 4-bit W rows [n0, n1) against row m of x, two rows at a time
 // (Nibble4RowPair). An odd last row is paired with itself: a row's sum never depends on its
 // partner, so every row gets the same arithmetic whatever the chunking.
@@ -781,21 +804,8 @@ inline void Nibble4RowsInPairs(const GemvInput& in, std::int64_t m, std::int64_t
   const auto table = hn::LoadDup128(D8(), reinterpret_cast<const std::uint8_t*>(kTwiceE2M1));
   const auto lookup = [table](hn::Vec<D8> nibbles) HWY_ATTR { return hn::TableLookupBytes(table, nibbles); };
   const auto same = [](hn::Vec<D8> nibbles) HWY_ATTR { return nibbles; };
-  // Factor vectors of a row's steps, one call per step in order.
-  const auto fp4_factors = [&](const std::uint8_t* scale_codes) HWY_ATTR {
-    return [factor_of = in.fp4_factors, scale_codes]() mutable HWY_ATTR {
-      const VF f = BlockFactors([&](std::size_t b) { return factor_of[scale_codes[b]]; });
-      scale_codes += kStepWeights / 32;
-      return f;
-    };
-  };
-  const auto affine_factors = [&](const float* scales) HWY_ATTR {
-    return [scales, log2_gs, s = std::int64_t{0}]() mutable HWY_ATTR {
-      const VF f = AffineStepFactors(scales, s, log2_gs);
-      s += static_cast<std::int64_t>(kStepWeights);
-      return f;
-    };
-  };
+  const auto fp4_factors = [&](const std::uint8_t* scale_codes) { return Fp4StepFactors{in.fp4_factors, scale_codes}; };
+  const auto affine_factors = [&](const float* scales) { return AffineStepFactorsOf{scales, log2_gs, 0}; };
   for (std::int64_t n = n0; n < n1; n += 2) {
     const Row r0 = row(n, 0), r1 = row(std::min(n + 1, n1 - 1), 1);
     float sums[2];
