@@ -802,7 +802,8 @@ inline void Nibble4RowsInPairs(const GemvInput& in, std::int64_t m, std::int64_t
     return r;
   };
   const auto table = hn::LoadDup128(D8(), reinterpret_cast<const std::uint8_t*>(kTwiceE2M1));
-  const auto lookup = [table](hn::Vec<D8> nibbles) HWY_ATTR { return hn::TableLookupBytes(table, nibbles); };
+  // By reference: SVE vectors cannot be copied into a lambda.
+  const auto lookup = [&table](hn::Vec<D8> nibbles) HWY_ATTR { return hn::TableLookupBytes(table, nibbles); };
   const auto same = [](hn::Vec<D8> nibbles) HWY_ATTR { return nibbles; };
   const auto fp4_factors = [&](const std::uint8_t* scale_codes) { return Fp4StepFactors{in.fp4_factors, scale_codes}; };
   const auto affine_factors = [&](const float* scales) { return AffineStepFactorsOf{scales, log2_gs, 0}; };
