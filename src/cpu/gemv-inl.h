@@ -243,19 +243,12 @@ HWY_INLINE void Step4(hn::Vec<D8> low, hn::Vec<D8> high, const float* x, std::in
     VF t0 = hn::Zero(df), t1 = t0, t2 = t0, t3 = t0;
     for (std::size_t j = q * kVecsPerGroup; j < (q + 1) * kVecsPerGroup; ++j) {
       const VF even = spread(low, j), odd = spread(high, j);
-      if constexpr (kM == 1 && kVecsPerGroup > 2) {
-        // One row, a factor per step: the odd products go to a second chain (t1), halving its latency.
-        t0 = hn::MulAdd(hn::Load(df, x + kN * j), even, t0);
-        t1 = hn::MulAdd(hn::Load(df, x + kN * (4 + j)), odd, t1);
-      } else {
-        Rows<kM>([&](auto m) HWY_ATTR {
-          VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
-          t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
-          t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
-        });
-      }
+      Rows<kM>([&](auto m) HWY_ATTR {
+        VF& t = Pick<decltype(m)::value>(t0, t1, t2, t3);
+        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * j), even, t);
+        t = hn::MulAdd(hn::Load(df, x + m * Kp + kN * (4 + j)), odd, t);
+      });
     }
-    if constexpr (kM == 1 && kVecsPerGroup > 2) t0 = hn::Add(t0, t1);
     const VF f = factor(q);
     Rows<kM>([&](auto m) HWY_ATTR {
       constexpr int kI = decltype(m)::value;
@@ -726,11 +719,72 @@ struct GemvInput {
   const float* group_sums;   // [M, K/gs]: affine
   const float* fp4_factors;  // fp4: the factor of each of the 256 scale codes
   std::int64_t Kp;
+  std::int64_t groups;         // per weight row
+  std::int64_t padded_groups;  // Kp / group size + 1
   const float* bias;
   float* y;  // [M, N]
 };
 
 #if HWY_TARGET != HWY_SCALAR
+// One weight row as the fused kernels take it. Rows are contiguous, so a row whose last step is
+// partial (fp4, affine4) is read from a zero-padded copy of its codes (fp4: its scale codes too,
+// after them). fp8 factors and affine scales come as float32, zero-padded past the last step.
+struct GemvRow {
+  const std::uint8_t* codes;
+  const std::uint8_t* scale_codes;  // fp4
+  const float* factors;             // fp8, affine
+  const float* biases;              // affine
+};
+
+// Where LoadRow puts one row's padded copy and float32 factors and biases.
+struct RowScratch {
+  hwy::AlignedFreeUniquePtr<std::uint8_t[]> bytes;
+  hwy::AlignedFreeUniquePtr<float[]> factors;
+  hwy::AlignedFreeUniquePtr<float[]> biases;
+};
+
+// Only what the kernel needs: most rows need no scratch at all.
+inline RowScratch MakeRowScratch(const GemvInput& in) {
+  RowScratch s;
+  if (in.Kp != in.w->cols) {
+    const auto bytes = static_cast<std::size_t>(in.Kp / 2 + in.Kp / 16);
+    s.bytes = hwy::AllocateAligned<std::uint8_t>(bytes);
+    std::memset(s.bytes.get(), 0, bytes);  // the padding; each row overwrites only its own bytes
+  }
+  if (in.kernel == GemvKernel::fp8 || in.kernel == GemvKernel::affine4 || in.kernel == GemvKernel::affine8) {
+    s.factors = hwy::AllocateAligned<float>(static_cast<std::size_t>(in.padded_groups) + 2 * kN);
+    s.biases = hwy::AllocateAligned<float>(static_cast<std::size_t>(in.groups));
+  }
+  return s;
+}
+
+inline GemvRow LoadRow(const GemvInput& in, std::int64_t n, RowScratch& s) {
+  const QuantizedMatrix& w = *in.w;
+  const std::int64_t K = w.cols, groups = in.groups;
+  GemvRow r{w.packed + n * (K * w.spec.bits / 8), reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups,
+            nullptr, nullptr};
+  if (s.bytes) {
+    std::memcpy(s.bytes.get(), r.codes, static_cast<std::size_t>(K / 2));
+    r.codes = s.bytes.get();
+    if (in.kernel == GemvKernel::fp4) {
+      std::memcpy(s.bytes.get() + in.Kp / 2, r.scale_codes, static_cast<std::size_t>(groups));
+      r.scale_codes = s.bytes.get() + in.Kp / 2;
+    }
+  }
+  if (in.kernel == GemvKernel::fp8) {
+    DecodeFactors(r.scale_codes, groups, in.padded_groups + kN, w.spec, s.factors.get());
+    r.factors = s.factors.get();
+  } else if (in.kernel == GemvKernel::affine4 || in.kernel == GemvKernel::affine8) {
+    const std::size_t ss = dtype_size(w.scale_dtype);
+    ToF32(w.scales + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, s.factors.get());
+    ToF32(w.biases + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, s.biases.get());
+    std::fill(s.factors.get() + groups, s.factors.get() + in.padded_groups + 2 * kN, 0.0f);
+    r.factors = s.factors.get();
+    r.biases = s.biases.get();
+  }
+  return r;
+}
+
 // Factor vectors of a row's steps for Nibble4RowPair, one call per step in order: mxfp4 from the
 // row's scale codes (factor_of: the factor of each of the 256 codes), affine from its float32
 // scales.
@@ -760,71 +814,31 @@ struct AffineStepFactorsOf {
 inline void Nibble4RowsInPairs(const GemvInput& in, std::int64_t m, std::int64_t n0, std::int64_t n1) {
   const QuantizedMatrix& w = *in.w;
   const bool affine = w.spec.mode == Mode::affine;
-  const std::int64_t K = w.cols, N = w.rows, gs = w.spec.group_size, groups = K / gs;
-  const int log2_gs = std::countr_zero(static_cast<std::uint64_t>(gs));
-  const std::size_t ss = dtype_size(w.scale_dtype);
+  const std::int64_t K = w.cols, N = w.rows, groups = in.groups;
+  const int log2_gs = std::countr_zero(static_cast<std::uint64_t>(w.spec.group_size));
   const float* x = in.xd + m * in.Kp;
-  // Per row of the pair: a zero-padded copy of its codes and mxfp4 scale codes when its last
-  // step is partial; affine's scales (zero-padded past the last step) and biases as float32.
-  const bool padded = in.Kp != K;
-  const auto row_bytes = static_cast<std::size_t>(padded ? in.Kp / 2 + in.Kp / 32 : 1);
-  const auto padded_groups = static_cast<std::size_t>(in.Kp / gs + 1 + 2 * kN);
-  auto copies = hwy::AllocateAligned<std::uint8_t>(2 * row_bytes);
-  std::memset(copies.get(), 0, 2 * row_bytes);
-  auto factors = hwy::AllocateAligned<float>(affine ? 2 * padded_groups : 1);
-  auto biases = hwy::AllocateAligned<float>(affine ? 2 * static_cast<std::size_t>(groups) : 1);
-  struct Row {
-    const std::uint8_t* codes;
-    const std::uint8_t* scale_codes;  // mxfp4
-    const float* factors;             // affine
-    const float* biases;              // affine
-  };
-  const auto row = [&](std::int64_t n, std::size_t slot) {
-    Row r{w.packed + n * (K / 2), reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups, nullptr, nullptr};
-    if (padded) {
-      std::uint8_t* copy = copies.get() + slot * row_bytes;
-      std::memcpy(copy, r.codes, static_cast<std::size_t>(K / 2));
-      r.codes = copy;
-      if (!affine) {
-        std::memcpy(copy + in.Kp / 2, r.scale_codes, static_cast<std::size_t>(groups));
-        r.scale_codes = copy + in.Kp / 2;
-      }
-    }
-    if (affine) {
-      float* f = factors.get() + slot * padded_groups;
-      float* b = biases.get() + slot * static_cast<std::size_t>(groups);
-      ToF32(w.scales + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, f);
-      ToF32(w.biases + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, b);
-      std::fill(f + groups, f + padded_groups, 0.0f);
-      r.factors = f;
-      r.biases = b;
-    }
-    return r;
-  };
+  RowScratch scratch0 = MakeRowScratch(in), scratch1 = MakeRowScratch(in);
   const auto table = hn::LoadDup128(D8(), reinterpret_cast<const std::uint8_t*>(kTwiceE2M1));
   // By reference: SVE vectors cannot be copied into a lambda.
   const auto lookup = [&table](hn::Vec<D8> nibbles) HWY_ATTR { return hn::TableLookupBytes(table, nibbles); };
   const auto same = [](hn::Vec<D8> nibbles) HWY_ATTR { return nibbles; };
-  const auto fp4_factors = [&](const std::uint8_t* scale_codes) { return Fp4StepFactors{in.fp4_factors, scale_codes}; };
-  const auto affine_factors = [&](const float* scales) { return AffineStepFactorsOf{scales, log2_gs, 0}; };
+  const auto fp4_factors = [&](const GemvRow& r) { return Fp4StepFactors{in.fp4_factors, r.scale_codes}; };
+  const auto affine_factors = [&](const GemvRow& r) { return AffineStepFactorsOf{r.factors, log2_gs, 0}; };
   for (std::int64_t n = n0; n < n1; n += 2) {
-    const Row r0 = row(n, 0), r1 = row(std::min(n + 1, n1 - 1), 1);
+    const GemvRow r0 = LoadRow(in, n, scratch0), r1 = LoadRow(in, std::min(n + 1, n1 - 1), scratch1);
     float sums[2];
     if (affine) {
       const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadUnsigned(bytes, j); };
-      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, same, spread, affine_factors(r0.factors),
-                     affine_factors(r1.factors), sums);
+      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, same, spread, affine_factors(r0), affine_factors(r1), sums);
       const float* group_sums = in.group_sums + m * groups;
       sums[0] += Dot(r0.biases, group_sums, groups);
       sums[1] += Dot(r1.biases, group_sums, groups);
     } else if (in.scaled_x) {
       const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadSigned<false>(bytes, j); };
-      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, lookup, spread, fp4_factors(r0.scale_codes),
-                     fp4_factors(r1.scale_codes), sums);
+      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, lookup, spread, fp4_factors(r0), fp4_factors(r1), sums);
     } else {
       const auto spread = [](hn::Vec<D8> bytes, std::size_t j) HWY_ATTR { return SpreadSigned<true>(bytes, j); };
-      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, lookup, spread, fp4_factors(r0.scale_codes),
-                     fp4_factors(r1.scale_codes), sums);
+      Nibble4RowPair(r0.codes, r1.codes, x, in.Kp, K, lookup, spread, fp4_factors(r0), fp4_factors(r1), sums);
       sums[0] *= 0.5f;  // unscaled x meets twice the values
       sums[1] *= 0.5f;
     }
@@ -832,89 +846,66 @@ inline void Nibble4RowsInPairs(const GemvInput& in, std::int64_t m, std::int64_t
       in.y[m * N + n + i] = in.bias ? sums[i] + in.bias[n + i] : sums[i];
   }
 }
+
+// Sums of kM rows of x against an nvfp4 (G = 16) or mxfp4 (G = 32) row.
+template <int kM, std::size_t G>
+HWY_INLINE void Fp4Sums(const GemvInput& in, const GemvRow& r, const float* xd, float* sums) {
+  if (in.scaled_x) return Fp4Row<kM, G, true>(r.codes, r.scale_codes, in.fp4_factors, xd, in.Kp, sums);
+  Fp4Row<kM, G, false>(r.codes, r.scale_codes, in.fp4_factors, xd, in.Kp, sums);
+  for (int m = 0; m < kM; ++m) sums[m] *= 0.5f;  // unscaled x meets twice the values
+}
 #endif
 
 // W rows [n0, n1) against rows [m0, m0 + kM) of x.
 template <int kM>
 void GemvRows(const GemvInput& in, std::int64_t m0, std::int64_t n0, std::int64_t n1) {
-#if HWY_TARGET != HWY_SCALAR
-  if constexpr (kM == 1)
-    if ((in.kernel == GemvKernel::fp4 && in.w->spec.mode == Mode::mxfp4) || in.kernel == GemvKernel::affine4)
-      return Nibble4RowsInPairs(in, m0, n0, n1);
-#endif
   const QuantizedMatrix& w = *in.w;
-  const QuantSpec& s = w.spec;
-  const std::int64_t K = w.cols, N = w.rows, gs = s.group_size, groups = K / gs;
-  const std::int64_t padded_groups = in.Kp / gs + 1;
-  [[maybe_unused]] const std::size_t ss = dtype_size(w.scale_dtype);
-  [[maybe_unused]] const auto* scale_codes = reinterpret_cast<const std::uint8_t*>(w.scales);
-  const bool padded = in.Kp != K && (in.kernel == GemvKernel::fp4 || in.kernel == GemvKernel::affine4);
-  auto factors = hwy::AllocateAligned<float>(static_cast<std::size_t>(padded_groups) + 2 * kN);
-  auto biases = hwy::AllocateAligned<float>(static_cast<std::size_t>(groups));
-  auto slice = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::min(K, kSlice)));
-  // Rows are contiguous, so a row whose last step is partial is read from a zero-padded copy (fp4:
-  // its scale codes too, after the codes).
-  const auto row_bytes = static_cast<std::size_t>(padded ? in.Kp / 2 + in.Kp / 16 : 1);
-  auto row = hwy::AllocateAligned<std::uint8_t>(row_bytes);
-  std::memset(row.get(), 0, row_bytes);
+  const std::int64_t K = w.cols, N = w.rows;
   const float* x = in.x + m0 * K;
-  [[maybe_unused]] const float* xd = in.xd ? in.xd + m0 * in.Kp : nullptr;
+  auto slice = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::min(K, kSlice)));
   float sums[kRowsPerPass];
-  for (std::int64_t n = n0; n < n1; ++n) {
-    const std::uint8_t* codes = w.packed + n * (K * s.bits / 8);
-    if (padded) {
-      std::memcpy(row.get(), codes, static_cast<std::size_t>(K / 2));
-      codes = row.get();
-    }
-    switch (in.kernel) {
 #if HWY_TARGET != HWY_SCALAR
-      case GemvKernel::fp4: {
-        const std::uint8_t* row_scales = scale_codes + n * groups;
-        if (padded) {
-          std::memcpy(row.get() + in.Kp / 2, row_scales, static_cast<std::size_t>(groups));
-          row_scales = row.get() + in.Kp / 2;
-        }
-        const float* f = in.fp4_factors;
-        if (in.scaled_x) {
-          if (s.mode == Mode::nvfp4)
-            Fp4Row<kM, 16, true>(codes, row_scales, f, xd, in.Kp, sums);
-          else
-            Fp4Row<kM, 32, true>(codes, row_scales, f, xd, in.Kp, sums);
-        } else {
-          if (s.mode == Mode::nvfp4)
-            Fp4Row<kM, 16, false>(codes, row_scales, f, xd, in.Kp, sums);
-          else
-            Fp4Row<kM, 32, false>(codes, row_scales, f, xd, in.Kp, sums);
-          for (int m = 0; m < kM; ++m) sums[m] *= 0.5f;  // the table holds twice the values
-        }
+  // One row of x: mxfp4 and affine 4-bit decode weight rows in pairs.
+  if constexpr (kM == 1)
+    if ((in.kernel == GemvKernel::fp4 && w.spec.mode == Mode::mxfp4) || in.kernel == GemvKernel::affine4)
+      return Nibble4RowsInPairs(in, m0, n0, n1);
+  const std::int64_t groups = in.groups;
+  const float* xd = in.xd ? in.xd + m0 * in.Kp : nullptr;
+  RowScratch scratch = MakeRowScratch(in);
+#endif
+  for (std::int64_t n = n0; n < n1; ++n) {
+#if HWY_TARGET != HWY_SCALAR
+    const GemvRow r = LoadRow(in, n, scratch);
+    switch (in.kernel) {
+      case GemvKernel::fp4:
+        if (w.spec.mode == Mode::nvfp4)
+          Fp4Sums<kM, 16>(in, r, xd, sums);
+        else if constexpr (kM > 1)
+          Fp4Sums<kM, 32>(in, r, xd, sums);
         break;
-      }
       case GemvKernel::fp8: {
-        DecodeFactors(scale_codes + n * groups, groups, padded_groups + kN, s, factors.get());
         const float* xs = in.x_prescaled ? in.x_prescaled + m0 * K : x;
-        const bool special = s.elem == Elem::e5m2
-                                 ? (in.x_prescaled ? Fp8Row<kM, true, true>(codes, factors.get(), xs, K, sums)
-                                                   : Fp8Row<kM, true, false>(codes, factors.get(), xs, K, sums))
-                                 : (in.x_prescaled ? Fp8Row<kM, false, true>(codes, factors.get(), xs, K, sums)
-                                                   : Fp8Row<kM, false, false>(codes, factors.get(), xs, K, sums));
+        const bool special = w.spec.elem == Elem::e5m2
+                                 ? (in.x_prescaled ? Fp8Row<kM, true, true>(r.codes, r.factors, xs, K, sums)
+                                                   : Fp8Row<kM, true, false>(r.codes, r.factors, xs, K, sums))
+                                 : (in.x_prescaled ? Fp8Row<kM, false, true>(r.codes, r.factors, xs, K, sums)
+                                                   : Fp8Row<kM, false, false>(r.codes, r.factors, xs, K, sums));
         if (special) GenericRow<kM>(w, n, x, slice.get(), sums);  // NaN or Inf codes: the exact decode
         break;
       }
       case GemvKernel::affine4:
-      case GemvKernel::affine8: {
-        ToF32(w.scales + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, factors.get());
-        ToF32(w.biases + static_cast<std::size_t>(n * groups) * ss, w.scale_dtype, groups, biases.get());
-        std::fill(factors.get() + groups, factors.get() + padded_groups + 2 * kN, 0.0f);
-        if (in.kernel == GemvKernel::affine4)
-          Affine4Row<kM>(codes, factors.get(), gs, xd, in.Kp, sums);
-        else
-          Affine8Row<kM>(codes, factors.get(), gs, x, K, sums);
-        for (int m = 0; m < kM; ++m) sums[m] += Dot(biases.get(), in.group_sums + (m0 + m) * groups, groups);
+      case GemvKernel::affine8:
+        if (in.kernel == GemvKernel::affine8)
+          Affine8Row<kM>(r.codes, r.factors, w.spec.group_size, x, K, sums);
+        else if constexpr (kM > 1)
+          Affine4Row<kM>(r.codes, r.factors, w.spec.group_size, xd, in.Kp, sums);
+        for (int m = 0; m < kM; ++m) sums[m] += Dot(r.biases, in.group_sums + (m0 + m) * groups, groups);
         break;
-      }
-#endif
       default: GenericRow<kM>(w, n, x, slice.get(), sums); break;
     }
+#else
+    GenericRow<kM>(w, n, x, slice.get(), sums);
+#endif
     for (int m = 0; m < kM; ++m) in.y[(m0 + m) * N + n] = in.bias ? sums[m] + in.bias[n] : sums[m];
   }
 }
@@ -925,7 +916,8 @@ inline void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if ((w.spec.mode == Mode::nvfp4 || w.spec.mode == Mode::mxfp4) && K % 32 == 0) return GemvFp4Avx512(x, M, w, bias, y);
 #endif
-  GemvInput in{&w, KernelFor(w.spec), x, nullptr, false, nullptr, nullptr, nullptr, K, bias, y};
+  const std::int64_t groups = K / w.spec.group_size;
+  GemvInput in{&w, KernelFor(w.spec), x, nullptr, false, nullptr, nullptr, nullptr, K, groups, groups + 1, bias, y};
 #if HWY_TARGET != HWY_SCALAR
   // The factor of each of the 256 scale codes, decoded as for a row holding every code once.
   alignas(64) float fp4_factors[256 + kN];  // DecodeFactors may store a whole vector past the end
@@ -941,6 +933,7 @@ inline void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const
   if (in.kernel == GemvKernel::fp4 || in.kernel == GemvKernel::affine4) {
     const auto S = static_cast<std::int64_t>(kStepWeights);
     in.Kp = (K + S - 1) / S * S;
+    in.padded_groups = in.Kp / w.spec.group_size + 1;
     in.scaled_x = in.kernel == GemvKernel::fp4 && ScaleXForFp4(x, M * K);
     xd = NibbleOrder(x, M, K, in.Kp, in.scaled_x ? 0x1p-25f : 1.0f);
     in.xd = xd.get();
