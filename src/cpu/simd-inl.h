@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "core/numerics.hpp"
 #include "microscale/codecs.hpp"
@@ -208,6 +209,34 @@ HWY_INLINE VI RoundMagnitude(VI a) {
   return hn::Add(steps, hn::Sub(hn::ShiftRight<23 - F::M>(e), hn::Set(di, (127 + F::EMIN) << F::M)));
 }
 
+#if HWY_TARGET == HWY_AVX2
+// RoundMagnitude<E2M1> by one permute per constant (AVX2 only: vpermps reads just the low 3 bits
+// of each index, which is what makes the exponent an index without masking). The binade
+// arithmetic depends only on the exponent class, max(exponent, 127), which for |y| < 8 is one of
+// 127, 128, 129: the addend 2^22 * E and the addend's bits less the binade offset come from
+// 8-entry tables indexed by the low 3 bits of the biased exponent. Raising |y| to at least 2^-5
+// first keeps that index unique (exponents 122 to 129) and changes no code: everything below
+// 2^-4 rounds to 0. Two instructions per vector of 8 fewer than the generic form.
+template <bool kClamp>
+HWY_INLINE VI RoundE2M1Magnitude(VI a) {
+  const DI di;
+  if constexpr (kClamp) a = hn::Min(a, hn::Set(di, std::bit_cast<std::int32_t>(6.0f)));
+  a = hn::Max(a, hn::Set(di, std::bit_cast<std::int32_t>(0x1p-5f)));
+  constexpr auto addend = [](int e) { return (e + 22) << 23; };  // bits of 2^22 * 2^(e - 127)
+  constexpr auto less_offset = [addend](int e) { return addend(e) - 2 * (e - 127); };
+  // Index = the exponent's low 3 bits: 128 -> 0, 129 -> 1, 122..127 -> 2..7 (class 127).
+  const __m256i by_addend = _mm256_setr_epi32(addend(128), addend(129), addend(127), addend(127), addend(127),
+                                              addend(127), addend(127), addend(127));
+  const __m256i by_less_offset =
+      _mm256_setr_epi32(less_offset(128), less_offset(129), less_offset(127), less_offset(127), less_offset(127),
+                        less_offset(127), less_offset(127), less_offset(127));
+  const __m256i index = _mm256_srli_epi32(a.raw, 23);
+  const __m256 sum = _mm256_add_ps(_mm256_castsi256_ps(a.raw),
+                                   _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(by_addend, index)));
+  return VI{_mm256_sub_epi32(_mm256_castps_si256(sum), _mm256_permutevar8x32_epi32(by_less_offset, index))};
+}
+#endif
+
 // Element codes of y: sign copied from y; NaN (reachable under 'saturate' only: 'propagate'
 // zeroes such blocks) gets the format's NaN code without sign.
 template <class F, bool kSat, bool kClamp>
@@ -215,7 +244,21 @@ HWY_INLINE VI EncodeElements(VF y) {
   const DI di;
   const VI u = hn::BitCast(di, y);
   const VI a = hn::And(u, hn::Set(di, 0x7FFFFFFF));
-  const VI code = hn::OrAnd(RoundMagnitude<F, kClamp>(a), hn::ShiftRight<F::SIGN_SHIFT>(u), hn::Set(di, F::SIGN_BIT));
+#if HWY_TARGET == HWY_AVX2
+  VI magnitude;
+  if constexpr (std::is_same_v<F, E2M1>)
+    magnitude = RoundE2M1Magnitude<kClamp>(a);
+  else
+    magnitude = RoundMagnitude<F, kClamp>(a);
+#else
+  const VI magnitude = RoundMagnitude<F, kClamp>(a);
+#endif
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+  // A blend on the sign (one instruction) instead of shifting the sign down and masking it.
+  const VI code = hn::IfNegativeThenElse(u, hn::Or(magnitude, hn::Set(di, F::SIGN_BIT)), magnitude);
+#else
+  const VI code = hn::OrAnd(magnitude, hn::ShiftRight<F::SIGN_SHIFT>(u), hn::Set(di, F::SIGN_BIT));
+#endif
   if (!kSat) return code;
   return hn::IfThenElse(hn::Gt(a, hn::Set(di, kInfBits)), hn::Set(di, F::NAN_CODE), code);
 }
