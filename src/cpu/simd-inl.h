@@ -263,14 +263,8 @@ HWY_INLINE VI EncodeElements(VF y) {
   return hn::IfThenElse(hn::Gt(a, hn::Set(di, kInfBits)), hn::Set(di, F::NAN_CODE), code);
 }
 
-// Codes of N element pairs (even, odd) merged per lane: one byte for 4-bit codes (even element
-// in the low nibble), two bytes for 8-bit ones.
-template <class F, bool kSat, bool kClamp>
-HWY_INLINE VI PairCodes(VF even, VF odd) {
-  return hn::Or(EncodeElements<F, kSat, kClamp>(even), hn::ShiftLeft<F::BITS>(EncodeElements<F, kSat, kClamp>(odd)));
-}
-
-// Stores the lanes of four PairCodes vectors (8N elements) as packed bytes, in order: keeping
+// Stores four vectors of N element pairs' codes merged per lane (even | odd << BITS: one byte
+// for 4-bit codes, two for 8-bit ones), 8N elements, as packed bytes in order: keeping
 // the low half of every lane twice for 4-bit codes, once for 8-bit ones.
 template <class F>
 HWY_INLINE void StoreQuad(VI c0, VI c1, VI c2, VI c3, std::uint8_t* out) {
