@@ -761,8 +761,8 @@ inline RowScratch MakeRowScratch(const GemvInput& in) {
 inline GemvRow LoadRow(const GemvInput& in, std::int64_t n, RowScratch& s) {
   const QuantizedMatrix& w = *in.w;
   const std::int64_t K = w.cols, groups = in.groups;
-  GemvRow r{w.packed + n * (K * w.spec.bits / 8), reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups,
-            nullptr, nullptr};
+  GemvRow r{w.packed + n * (K * w.spec.bits / 8), reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups, nullptr,
+            nullptr};
   if (s.bytes) {
     std::memcpy(s.bytes.get(), r.codes, static_cast<std::size_t>(K / 2));
     r.codes = s.bytes.get();

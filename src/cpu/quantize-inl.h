@@ -137,8 +137,7 @@ template <std::size_t G, bool kSat>
 HWY_INLINE VI BlockMaxBits(const hwy::bfloat16_t* x) {
   const hn::Repartition<std::int16_t, DF> d16;
   const auto abs_bits = [x, d16](std::size_t v) HWY_ATTR {  // |bits| of the v-th vector of 2N values
-    const auto a =
-        hn::And(hn::LoadU(d16, reinterpret_cast<const std::int16_t*>(x) + v * 2 * kN), hn::Set(d16, 0x7FFF));
+    const auto a = hn::And(hn::LoadU(d16, reinterpret_cast<const std::int16_t*>(x) + v * 2 * kN), hn::Set(d16, 0x7FFF));
     return kSat ? hn::IfThenZeroElse(hn::Gt(a, hn::Set(d16, 0x7F80)), a) : a;
   };
   if constexpr (kN == 8) {
@@ -209,7 +208,8 @@ HWY_INLINE void EncodePairs(const T* x, const float* factor, std::uint8_t* packe
       codes(q + 2 * kN, e1, o1);
       codes(q + 4 * kN, e2, o2);
       codes(q + 6 * kN, e3, o3);
-      const __m256i even = _mm256_packus_epi16(_mm256_packus_epi32(e0.raw, e1.raw), _mm256_packus_epi32(e2.raw, e3.raw));
+      const __m256i even =
+          _mm256_packus_epi16(_mm256_packus_epi32(e0.raw, e1.raw), _mm256_packus_epi32(e2.raw, e3.raw));
       const __m256i odd = _mm256_packus_epi16(_mm256_packus_epi32(o0.raw, o1.raw), _mm256_packus_epi32(o2.raw, o3.raw));
       const __m256i bytes = _mm256_or_si256(even, _mm256_slli_epi16(odd, 4));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(packed + q / 2),

@@ -231,8 +231,8 @@ HWY_INLINE VI RoundE2M1Magnitude(VI a) {
       _mm256_setr_epi32(less_offset(128), less_offset(129), less_offset(127), less_offset(127), less_offset(127),
                         less_offset(127), less_offset(127), less_offset(127));
   const __m256i index = _mm256_srli_epi32(a.raw, 23);
-  const __m256 sum = _mm256_add_ps(_mm256_castsi256_ps(a.raw),
-                                   _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(by_addend, index)));
+  const __m256 sum =
+      _mm256_add_ps(_mm256_castsi256_ps(a.raw), _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(by_addend, index)));
   return VI{_mm256_sub_epi32(_mm256_castps_si256(sum), _mm256_permutevar8x32_epi32(by_less_offset, index))};
 }
 #endif
