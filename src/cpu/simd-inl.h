@@ -192,25 +192,8 @@ struct E5M2 : numerics::E5M2 {
   static constexpr float ROUNDS_TO_MAX = 61440.0f;
 };
 
-// rn_sat magnitude code of |y| given as its f32 bit pattern a. |y| is first clamped to the
-// format's max (as integers, so Inf and NaN clamp too), unless the caller knows
-// |y| < F::ROUNDS_TO_MAX. With E = 2^max(exponent, EMIN), adding 2^(23-M) * E rounds |y| to M
-// mantissa bits below E's binade (ties to even, a carry reaching the next binade; below 2^EMIN
-// the fixed subnormal step), and the sum's bits minus the addend's count those steps: 2^M + m in
-// a normal binade, m below it. The binade offset (log2 E - EMIN) << M completes the code. No
-// float result is ever subnormal (which costs microcode assists on some x86 cores).
-template <class F, bool kClamp = true>
-HWY_INLINE VI RoundMagnitude(VI a) {
-  const DI di;
-  const VI c = kClamp ? hn::Min(a, hn::Set(di, std::bit_cast<std::int32_t>(F::MAX))) : a;
-  const VI e = hn::Max(hn::And(c, hn::Set(di, kInfBits)), hn::Set(di, (127 + F::EMIN) << 23));
-  const VI magic = hn::Add(e, hn::Set(di, (23 - F::M) << 23));
-  const VI steps = hn::Sub(hn::BitCast(di, hn::Add(hn::BitCast(DF(), c), hn::BitCast(DF(), magic))), magic);
-  return hn::Add(steps, hn::Sub(hn::ShiftRight<23 - F::M>(e), hn::Set(di, (127 + F::EMIN) << F::M)));
-}
-
 #if HWY_TARGET == HWY_AVX2
-// RoundMagnitude<E2M1> by one permute per constant (AVX2 only: vpermps reads just the low 3 bits
+// RoundMagnitude<E2M1> by one permute per constant (AVX2 only: vpermd reads just the low 3 bits
 // of each index, which is what makes the exponent an index without masking). The binade
 // arithmetic depends only on the exponent class, max(exponent, 127), which for |y| < 8 is one of
 // 127, 128, 129: the addend 2^22 * E and the addend's bits less the binade offset come from
@@ -220,7 +203,7 @@ HWY_INLINE VI RoundMagnitude(VI a) {
 template <bool kClamp>
 HWY_INLINE VI RoundE2M1Magnitude(VI a) {
   const DI di;
-  if constexpr (kClamp) a = hn::Min(a, hn::Set(di, std::bit_cast<std::int32_t>(6.0f)));
+  if constexpr (kClamp) a = hn::Min(a, hn::Set(di, std::bit_cast<std::int32_t>(E2M1::MAX)));
   a = hn::Max(a, hn::Set(di, std::bit_cast<std::int32_t>(0x1p-5f)));
   constexpr auto addend = [](int e) { return (e + 22) << 23; };  // bits of 2^22 * 2^(e - 127)
   constexpr auto less_offset = [addend](int e) { return addend(e) - 2 * (e - 127); };
@@ -237,6 +220,26 @@ HWY_INLINE VI RoundE2M1Magnitude(VI a) {
 }
 #endif
 
+// rn_sat magnitude code of |y| given as its f32 bit pattern a. |y| is first clamped to the
+// format's max (as integers, so Inf and NaN clamp too), unless the caller knows
+// |y| < F::ROUNDS_TO_MAX. With E = 2^max(exponent, EMIN), adding 2^(23-M) * E rounds |y| to M
+// mantissa bits below E's binade (ties to even, a carry reaching the next binade; below 2^EMIN
+// the fixed subnormal step), and the sum's bits minus the addend's count those steps: 2^M + m in
+// a normal binade, m below it. The binade offset (log2 E - EMIN) << M completes the code. No
+// float result is ever subnormal (which costs microcode assists on some x86 cores).
+template <class F, bool kClamp = true>
+HWY_INLINE VI RoundMagnitude(VI a) {
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (std::is_same_v<F, E2M1>) return RoundE2M1Magnitude<kClamp>(a);
+#endif
+  const DI di;
+  const VI c = kClamp ? hn::Min(a, hn::Set(di, std::bit_cast<std::int32_t>(F::MAX))) : a;
+  const VI e = hn::Max(hn::And(c, hn::Set(di, kInfBits)), hn::Set(di, (127 + F::EMIN) << 23));
+  const VI magic = hn::Add(e, hn::Set(di, (23 - F::M) << 23));
+  const VI steps = hn::Sub(hn::BitCast(di, hn::Add(hn::BitCast(DF(), c), hn::BitCast(DF(), magic))), magic);
+  return hn::Add(steps, hn::Sub(hn::ShiftRight<23 - F::M>(e), hn::Set(di, (127 + F::EMIN) << F::M)));
+}
+
 // Element codes of y: sign copied from y; NaN (reachable under 'saturate' only: 'propagate'
 // zeroes such blocks) gets the format's NaN code without sign.
 template <class F, bool kSat, bool kClamp>
@@ -244,15 +247,7 @@ HWY_INLINE VI EncodeElements(VF y) {
   const DI di;
   const VI u = hn::BitCast(di, y);
   const VI a = hn::And(u, hn::Set(di, 0x7FFFFFFF));
-#if HWY_TARGET == HWY_AVX2
-  VI magnitude;
-  if constexpr (std::is_same_v<F, E2M1>)
-    magnitude = RoundE2M1Magnitude<kClamp>(a);
-  else
-    magnitude = RoundMagnitude<F, kClamp>(a);
-#else
   const VI magnitude = RoundMagnitude<F, kClamp>(a);
-#endif
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
   // A blend on the sign (one instruction) instead of shifting the sign down and masking it.
   const VI code = hn::IfNegativeThenElse(u, hn::Or(magnitude, hn::Set(di, F::SIGN_BIT)), magnitude);
