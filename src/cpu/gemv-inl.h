@@ -337,13 +337,9 @@ HWY_INLINE void Nibble4RowPair(const std::uint8_t* codes0, const std::uint8_t* c
     high0 = values(high0);
     low1 = values(low1);
     high1 = values(high1);
-    // t: row 0, u: row 1; even and odd nibbles in separate chains. Each chain starts with a
-    // product rather than a zero (a -0 product only moves the sign of a zero sum, which the
-    // accumulator's +0 absorbs), which keeps a register free of zeros.
-    const VF x_even0 = hn::Load(df, x), x_odd0 = hn::Load(df, x + kN * 4);
-    VF t0 = hn::Mul(x_even0, spread(low0, 0)), u0 = hn::Mul(x_even0, spread(low1, 0));
-    VF t1 = hn::Mul(x_odd0, spread(high0, 0)), u1 = hn::Mul(x_odd0, spread(high1, 0));
-    for (std::size_t j = 1; j < 4; ++j) {
+    // t: row 0, u: row 1; even and odd nibbles in separate chains.
+    VF t0 = hn::Zero(df), t1 = t0, u0 = t0, u1 = t0;
+    for (std::size_t j = 0; j < 4; ++j) {
       const VF x_even = hn::Load(df, x + kN * j), x_odd = hn::Load(df, x + kN * (4 + j));
       t0 = hn::MulAdd(x_even, spread(low0, j), t0);
       u0 = hn::MulAdd(x_even, spread(low1, j), u0);
