@@ -863,7 +863,7 @@ void GemvRows(const GemvInput& in, std::int64_t m0, std::int64_t n0, std::int64_
   const std::int64_t K = w.cols, N = w.rows;
   const float* x = in.x + m0 * K;
   auto slice = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::min(K, kSlice)));
-  float sums[kRowsPerPass] = {};  // set by every kernel a pass can reach
+  float sums[kRowsPerPass] = {};  // every kernel a pass reaches sets it; zeroed for GCC -O3 (maybe-uninitialized)
 #if HWY_TARGET != HWY_SCALAR
   // One row of x: mxfp4 and affine 4-bit decode weight rows in pairs.
   if constexpr (kM == 1)
