@@ -388,8 +388,11 @@ def misfit_cases(t, prefix):
     float stacks [E, in, out] or their MXFP4 `_blocks` [E, out, in/32, 16] and `_scales`."""
     mxfp4 = prefix + "gate_up_proj_blocks" in t
     gu, dn = prefix + "gate_up_proj", prefix + "down_proj"
-    e, h, two_i = (t[gu + "_blocks"].shape[0], t[gu + "_blocks"].shape[2] * 32, t[gu + "_blocks"].shape[1]) if mxfp4 \
-        else t[gu].shape
+    if mxfp4:
+        e, two_i, groups = t[gu + "_blocks"].shape[:3]
+        h = groups * 32
+    else:
+        e, h, two_i = t[gu].shape
 
     def odd_gate_up(t):  # one more output column: 2I + 1
         if mxfp4:
