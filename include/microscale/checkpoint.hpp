@@ -82,8 +82,8 @@ struct TensorReport {
   Shape shape;
   std::uint64_t bytes_in = 0, bytes_out = 0;
   std::string reason;               // why a weight (2-D or more, or stacked experts) was kept, when it was
-  std::int64_t nonfinite = 0;       // NaN/Inf values in a quantized weight (warned about; fatal under
-                                    // NonFinite::error)
+  std::int64_t nonfinite = 0;       // NaN/Inf values in a quantized weight, or in a dequantized one
+                                    // (warned about; fatal under NonFinite::error)
   std::optional<double> rel_error;  // ||w - dq(q(w))|| / ||w||, when measured
   std::optional<double> sqnr_db;
 };
@@ -150,6 +150,10 @@ struct DequantizeOptions {
   // float32, float16 or bfloat16; unset: the dtype the checkpoint was quantized from (config.json
   // torch_dtype), bfloat16 when that is not recorded. The written config's torch_dtype says it.
   std::optional<DType> dtype;
+  // NaN and Inf in the values written (NaN scale codes; values beyond float16's range): counted per
+  // tensor (TensorReport::nonfinite) under propagate, refused naming the tensor under error (nothing
+  // is published); saturate is not an option here.
+  NonFinite nonfinite = NonFinite::propagate;
   bool force = false;
   ProgressFn progress;
 };

@@ -41,6 +41,15 @@ void print_summary(const char* verb, const io::Report& r, const fs::path& out, d
   for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
 }
 
+// One warning per tensor holding NaN/Inf values (quantized from, or dequantized to), saying what
+// was done with them.
+void warn_nonfinite(const io::Report& r, const std::string& done) {
+  for (const io::TensorReport& t : r.tensors)
+    if (t.nonfinite)
+      std::fprintf(stderr, "microscale: warning: %s has %lld non-finite values (NaN/Inf) of %lld, %s\n", t.name.c_str(),
+                   static_cast<long long>(t.nonfinite), static_cast<long long>(numel(t.shape)), done.c_str());
+}
+
 // SIGINT / SIGTERM stop a run at the next tensor: the progress callback throws, the library
 // unwinds and removes its staging directory, then the process dies of the same signal. A second
 // signal kills at once (SA_RESETHAND); the next run removes what that leaves.
@@ -278,13 +287,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                std::printf("kept %zu weight%s (%s): %s\n", names.size(), names.size() == 1 ? "" : "s", why.c_str(),
                            list.c_str());
              }
-             for (const io::TensorReport& t : r.tensors)
-               if (t.nonfinite)
-                 std::fprintf(stderr,
-                              "microscale: warning: %s has %lld non-finite values (NaN/Inf) of %lld, quantized with "
-                              "--nonfinite %s\n",
-                              t.name.c_str(), static_cast<long long>(t.nonfinite),
-                              static_cast<long long>(numel(t.shape)), o->nonfinite.c_str());
+             warn_nonfinite(r, "quantized with --nonfinite " + o->nonfinite);
              if (!opt.measure_error) return;
              std::size_t w = 5;
              for (const io::TensorReport& t : r.tensors) w = std::max(w, t.name.size());
@@ -318,7 +321,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
   // ---- dequantize
   {
     struct O {
-      std::string in, out, dtype;
+      std::string in, out, dtype, nonfinite = "propagate";
       bool force = false;
     };
     auto o = std::make_shared<O>();
@@ -328,11 +331,16 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_option("--dtype", o->dtype,
                   "bfloat16, float32 or float16 (default: the dtype the checkpoint was "
                   "quantized from, its config's torch_dtype)");
+    c->add_option("--nonfinite", o->nonfinite,
+                  "NaN/Inf in the values written (NaN scale codes, float16 overflow): propagate (warn, naming "
+                  "each tensor) or error (fail naming the tensor; nothing is written)")
+        ->capture_default_str();
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
     cmds.push_back({c, [o] {
                       run_interruptible(o->out, [&] {
                         io::DequantizeOptions opt;
                         if (!o->dtype.empty()) opt.dtype = dtype_from_name(o->dtype);
+                        opt.nonfinite = nonfinite_from_name(o->nonfinite);
                         opt.force = o->force;
                         ProgressBar bar("dequantize");
                         opt.progress = interruptible(bar.callback());
@@ -340,6 +348,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                         const io::Report r = io::dequantize_checkpoint(o->in, o->out, opt);
                         bar.finish();
                         print_summary("wrote", r, o->out, seconds_since(t0));
+                        warn_nonfinite(r, "written as they are (--nonfinite propagate)");
                       });
                     }});
   }

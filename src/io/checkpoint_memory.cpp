@@ -103,15 +103,21 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
     keep.push_back(emit(l, to));
     meta.layers.push_back(&l);
   }
-  for (const auto& outs : keep)
-    for (const Out& o : outs) all.push_back({o.entry.name, o.entry.dtype, o.entry.shape, o.bytes()});
+  std::vector<OutputTensor> names;
+  for (std::size_t i = 0; i < keep.size(); ++i)
+    for (const Out& o : keep[i]) {
+      all.push_back({o.entry.name, o.entry.dtype, o.entry.shape, o.bytes()});
+      names.push_back({o.entry.name, layers[i].module, layers[i].module});
+    }
   for (const RawTensor& t : data.tensors) {
     if (st_nbytes(t.dtype, t.shape) != t.data.size())
       throw Error("tensor " + detail::quote(t.name) + ": " + std::to_string(t.data.size()) + " bytes for " +
                   st_dtype_name(t.dtype) + " " + shape_str(t.shape, ShapeStyle::list));
     all.push_back({t.name, t.dtype, t.shape, t.data});
+    names.push_back({t.name, {}, t.name});
     add_ignored_tensor(meta.ignore, t.name, t.shape, t.dtype);
   }
+  check_output_names(names);
   Json config =
       data.config_json.empty() ? Json::object() : detail::parse_json(data.config_json, "config_json", "config", 256);
   Staging st({}, out, force);

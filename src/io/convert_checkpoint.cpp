@@ -46,19 +46,21 @@ TensorReport layer_report(const Layer& l, TensorAction action, std::uint64_t byt
 // Dequantized stacked experts go back to the form transformers loads: "<p>.switch_mlp.<proj>"
 // into per-expert weights; gpt-oss's split gate, up and down (and their biases) into its
 // [E, in, out] stacks. Returns false for a layer written as it is.
-bool unstack_experts(const Input& in, const Layer& l, DType dtype, std::vector<Item>& items, Report& report) {
+bool unstack_experts(const Input& in, const Layer& l, DType dtype, NonFinite nonfinite, std::vector<Item>& items,
+                     Report& report) {
   if (!l.experts) return false;
   const std::int64_t n = l.rows() / l.experts, k = l.cols();
   const std::vector<std::string> names = per_expert_outputs(l.module, l.experts, in.config);
   if (names.empty()) return false;
   Item it = layer_item(in, l);
   for (const std::string& name : names) it.entries.push_back({name, to_st_dtype(dtype), {n, k}});
-  it.run = [&in, &report, lp = &l, names, dtype, bytes = it.in_bytes](SafetensorsWriter& w) {
+  it.run = [&in, &report, lp = &l, names, dtype, nonfinite, bytes = it.in_bytes](SafetensorsWriter& w) {
     const Tensor y = dequantize_layer(*lp, dtype);
+    TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
+    check_nonfinite({y.bytes(), y.nbytes()}, dtype, lp->module, nonfinite, r);
     const std::size_t each = y.nbytes() / names.size();
     for (std::size_t e = 0; e < names.size(); ++e) w.write(names[e], {y.bytes() + e * each, each});
     release_sources(in.ck, *lp);
-    TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
     r.bytes_out = y.nbytes();
     report.tensors.push_back(std::move(r));
   };
@@ -101,10 +103,22 @@ GptossMerge gptoss_merge(const Input& in, const Detected& det) {
         throw Error("gpt-oss expert bias " + detail::quote(name) +
                     ": the split gate_proj.bias and up_proj.bias it is made of are not both present, 2-D, "
                     "with one shape and dtype");
+  // Each part holds one bias per output row of its layer, for each of the layer's experts.
+  for (const auto& [name, parts] : g.biases) {
+    const Layer& l = *g.layers.at(name.substr(0, name.size() - std::string_view("_bias").size())).front();
+    const Shape want = {l.experts, l.rows() / l.experts};
+    for (const std::string& p : parts)
+      if (in.ck.tensor(p).shape != want)
+        throw Error("gpt-oss expert bias " + detail::quote(p) + " is " +
+                    shape_str(in.ck.tensor(p).shape, ShapeStyle::list) + ", expected " +
+                    shape_str(want, ShapeStyle::list) + ": one bias per output row of layer " +
+                    detail::quote(l.module) + " for each of its experts");
+  }
   return g;
 }
 
-void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, std::vector<Item>& items, Report& report) {
+void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, NonFinite nonfinite, std::vector<Item>& items,
+                  Report& report) {
   // Named copies, not structured bindings: the lambdas below capture them (C++20 allows capturing
   // a binding, but the clang that builds the fuzzers does not).
   for (const auto& layer : g.layers) {
@@ -120,7 +134,7 @@ void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, std::vecto
       }
     it.label = name;
     it.entries = {{name, to_st_dtype(dtype), {e, k, n * static_cast<std::int64_t>(parts.size())}}};
-    it.run = [&in, &report, name, parts, dtype, e, n, k, bytes = it.in_bytes](SafetensorsWriter& w) {
+    it.run = [&in, &report, name, parts, dtype, nonfinite, e, n, k, bytes = it.in_bytes](SafetensorsWriter& w) {
       std::vector<Tensor> ys;
       std::vector<std::span<const std::byte>> spans;
       for (const Layer* l : parts) {
@@ -129,8 +143,9 @@ void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, std::vecto
         release_sources(in.ck, *l);
       }
       const std::vector<std::byte> out = merge_columns(spans, e, n, k, dtype_size(dtype));
-      w.write(name, out);
       TensorReport r = layer_report(*parts.front(), TensorAction::dequantized, bytes);
+      check_nonfinite(out, dtype, name, nonfinite, r);
+      w.write(name, out);
       r.name = name;
       r.shape = {e, k, n * static_cast<std::int64_t>(parts.size())};
       r.bytes_out = out.size();
@@ -258,6 +273,8 @@ Layer stack_data(const StackedLayer& st, StackData& d) {
 Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const DequantizeOptions& opt) {
   if (opt.dtype && !is_float(*opt.dtype))
     throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(*opt.dtype));
+  if (opt.nonfinite == NonFinite::saturate)
+    throw Error("dequantize: nonfinite must be propagate (write NaN/Inf, counted per tensor) or error, not saturate");
   const Input in = open_complete(in_path);
   const Detected det = detect(in.ck, in.config);
   check_unsupported(det);
@@ -272,24 +289,25 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
   for (const auto& [name, parts] : merge.layers)
     for (const Layer* l : parts) merged.insert(l->module);
   for (const auto& [name, parts] : merge.biases) merged.insert(parts.begin(), parts.end());
-  gptoss_items(in, merge, dtype, items, report);
+  gptoss_items(in, merge, dtype, opt.nonfinite, items, report);
   for (const Layer& l : det.layers) {
     acts += l.act.has_value();
-    if (merged.count(l.module) || unstack_experts(in, l, dtype, items, report)) continue;
+    if (merged.count(l.module) || unstack_experts(in, l, dtype, opt.nonfinite, items, report)) continue;
     Item it = layer_item(in, l);
     it.entries = {{l.module + ".weight", to_st_dtype(dtype), l.stored(l.cols())}};
     it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
       const Tensor y = dequantize_layer(*lp, dtype);
+      TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
+      check_nonfinite({y.bytes(), y.nbytes()}, dtype, lp->module + ".weight", opt.nonfinite, r);
       w.write_tensor(lp->module + ".weight", y);
       release_sources(in.ck, *lp);
-      TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
       r.bytes_out = y.nbytes();
       report.tensors.push_back(std::move(r));
     };
     items.push_back(std::move(it));
   }
   for (const SourceWeight& w : det.sources.weights)
-    items.push_back(source_item(in, w, dtype, report, TensorAction::dequantized));
+    items.push_back(source_item(in, w, dtype, report, TensorAction::dequantized, "", opt.nonfinite));
   note_dropped(det.sources, report);
   for (const std::string& n : in.ck.names())
     if (!det.consumed.count(n) && !det.sources.consumed.count(n) && !merged.count(n))
@@ -380,6 +398,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   for (std::size_t i = 0; i < stacks.size(); ++i) {
     Item it = layer_item(in, stacks[i].layer);
     it.entries = std::move(planned_stacks[i]);
+    it.layer = it.label;
     it.run = [&, sp = &stacks[i], bytes = it.in_bytes](SafetensorsWriter& w) {
       StackData data;
       const Layer l = stack_data(*sp, data);
@@ -398,6 +417,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
     if (l.packed.size() < in.ck.tensor(l.primary()).data.size())
       it.in_bytes = l.packed.size() + l.scales.size() + l.biases.size();
     it.entries = std::move(planned[i]);
+    it.layer = it.label;
     it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
       TensorReport r = layer_report(*lp, TensorAction::converted, bytes);
       if (auto u = unify.find(lp->module); u != unify.end()) {

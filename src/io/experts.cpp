@@ -71,6 +71,41 @@ std::vector<ExpertRows> gptoss_layers(const std::string& tensor, const Shape& sh
   return {{parent + "gate_proj", {tensor}, 0, 2, e, c / 2, k}, {parent + "up_proj", {tensor}, 1, 2, e, c / 2, k}};
 }
 
+void check_gptoss_fit(const std::string& parent,
+                      const std::function<std::optional<GptossTensor>(const std::string&)>& find) {
+  const std::optional<GptossTensor> gate_up = find(parent + "gate_up_proj"), down = find(parent + "down_proj"),
+                                    gate_up_bias = find(parent + "gate_up_proj_bias"),
+                                    down_bias = find(parent + "down_proj_bias");
+  auto refuse = [](const GptossTensor& t, const std::string& want, const std::string& why) {
+    throw Error("gpt-oss expert tensor " + detail::quote(t.file_name) + " is " + shape_str(t.shape, ShapeStyle::list) +
+                ", expected " + want + ": " + why);
+  };
+  auto expect = [&](const GptossTensor& t, const Shape& want, const std::string& why) {
+    if (t.shape != want) refuse(t, shape_str(want, ShapeStyle::list), why);
+  };
+  if (gate_up) {
+    const Shape& g = gate_up->shape;  // [E, H, 2I]
+    if (g.size() != 3 || g[2] % 2 != 0)
+      refuse(*gate_up, "[experts, hidden, 2 x intermediate]",
+             "gate and up interleave its output columns (gate the even ones, up the odd ones), so their number "
+             "must be even");
+    if (down)
+      expect(*down, {g[0], g[2] / 2, g[1]},
+             "[experts, intermediate, hidden] after gate_up_proj " + shape_str(g, ShapeStyle::list));
+    if (gate_up_bias)
+      expect(*gate_up_bias, {g[0], g[2]},
+             "one bias per output column of gate_up_proj " + shape_str(g, ShapeStyle::list));
+  }
+  if (down && down_bias && down->shape.size() == 3)
+    expect(*down_bias, {down->shape[0], down->shape[2]},
+           "one bias per output column of down_proj " + shape_str(down->shape, ShapeStyle::list));
+  // A bias is split as its stack's columns are: without the stack there is nothing to split by.
+  for (const auto& [bias, stack] : {std::pair{&gate_up_bias, "gate_up_proj"}, std::pair{&down_bias, "down_proj"}})
+    if (*bias && !find(parent + stack))
+      throw Error("gpt-oss expert bias " + detail::quote((*bias)->file_name) + " has no stack " +
+                  detail::quote(parent + stack) + " beside it to be split with");
+}
+
 std::vector<BiasPart> gptoss_bias_parts(std::string_view n) {
   const std::string parent(n.substr(0, n.rfind('.') + 1));
   if (n.ends_with(".experts.gate_up_proj_bias"))

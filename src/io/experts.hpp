@@ -3,6 +3,7 @@
 // stacked [experts, in, out] tensors transposed and split into gate, up and down.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -51,6 +52,18 @@ bool gptoss_expert_weight(std::string_view tensor, const Shape& shape);
 // The layers mlx-lm's gpt-oss model holds for such a tensor of shape [E, K, C]: gate_proj and
 // up_proj (gate_up_proj's even and odd columns) or down_proj, each [E, N, K].
 std::vector<ExpertRows> gptoss_layers(const std::string& tensor, const Shape& shape);
+// One of gpt-oss's expert tensors as a checkpoint holds it: its name in the file (a float stack,
+// an MXFP4 "<m>_blocks" tensor, or a bias) and its logical shape ([E, in, out] for the stacks).
+struct GptossTensor {
+  std::string file_name;
+  Shape shape;
+};
+// Before gpt-oss's experts under "<p>.experts." are split, the tensors there must fit together:
+// gate_up_proj [E, H, 2I] (gate and up interleaved, so an even width), down_proj [E, I, H],
+// gate_up_proj_bias [E, 2I] and down_proj_bias [E, H]. `find` gives a sibling by its logical name
+// ("<p>.experts.down_proj"), or nullopt. Throws naming the tensor and the shape expected.
+void check_gptoss_fit(const std::string& parent,
+                      const std::function<std::optional<GptossTensor>(const std::string&)>& find);
 // A gpt-oss expert bias ("<p>.experts.gate_up_proj_bias" [E, 2N] or "down_proj_bias" [E, N]) as
 // mlx-lm's model names it: (name, column start, column step) per output tensor.
 struct BiasPart {

@@ -3,8 +3,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "io/layer.hpp"
 
@@ -19,11 +22,6 @@ float Global::to_amax() const {
     case Kind::stored: return convention->to_amax(value);
   }
   return value;
-}
-
-float Global::as(const ScaleConvention& c) const {
-  if (kind == Kind::stored && convention == &c) return value;
-  return c.from_amax(to_amax());
 }
 
 std::string Global::describe() const { return describe(kind == Kind::stored ? convention->weight_tensor : ""); }
@@ -90,6 +88,51 @@ QuantSpec Layer::spec() const {
   } catch (const Error& e) {
     layer_error(module, e.what());
   }
+}
+
+namespace {
+
+// Crossing conventions goes through the amax and rounds twice, which may move it to a float32
+// neighbour (about one layer in ten); every normal amax comes back at least that close.
+bool within_ulp(float amax, float back) {
+  return back == amax || back == std::nextafter(amax, INFINITY) || back == std::nextafter(amax, -INFINITY);
+}
+
+// Whether every block scale code in `scales` decodes to the same factor, bit for bit, under amax
+// `a` as under `b`: then the layer's values are the same (amax 0 over all-zero block scales, say).
+bool same_decode(std::span<const std::byte> scales, float a, float b) {
+  std::array<bool, 256> seen{};
+  for (const std::byte code : scales) {
+    const auto c = std::to_integer<std::uint8_t>(code);
+    if (std::exchange(seen[c], true)) continue;
+    if (std::bit_cast<std::uint32_t>(numerics::nvfp4_decode_factor(c, true, a)) !=
+        std::bit_cast<std::uint32_t>(numerics::nvfp4_decode_factor(c, true, b)))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+float Layer::global_as(const ScaleConvention& c) const {
+  if (global.kind == Global::Kind::stored && global.convention == &c) return global.value;
+  const float amax = global.to_amax(), stored = c.from_amax(amax), back = c.to_amax(stored);
+  if (c.valid(stored) && std::isfinite(back) && (within_ulp(amax, back) || same_decode(scales, amax, back)))
+    return stored;
+  layer_error(module, "its global scale (" + global.describe() + ") has no " +
+                          detail::quote(module + "." + c.weight_tensor) + " (= " + c.formula +
+                          ") that decodes its block scales to the same values: the nearest, " + fmt_float(stored) +
+                          ", stands for amax " + fmt_float(back));
+}
+
+float Layer::act_as(const ScaleConvention& c) const {
+  if (act->kind == Global::Kind::stored && act->convention == &c) return act->value;
+  // An activation amax of 0 (or -0) is stored like a weight's: as the neutral factor 1.
+  const float amax = act->to_amax(), stored = c.from_amax(amax), back = c.to_amax(stored);
+  if (c.valid(stored) && std::isfinite(back) && (amax == 0 || within_ulp(amax, back))) return stored;
+  layer_error(module, "its activation scale (" + act->describe() + ") has no value of the form " + c.formula +
+                          " that stands for the same amax: the nearest, " + fmt_float(stored) + ", stands for amax " +
+                          fmt_float(back));
 }
 
 void Layer::point_at(const Quantized& q) {

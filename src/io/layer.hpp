@@ -43,9 +43,6 @@ struct Global {
   static Global stored_as(const ScaleConvention& c, float stored) { return {Kind::stored, stored, &c}; }
   bool three_level() const { return kind != Kind::none; }
   float to_amax() const;
-  // The value convention `c` stores: verbatim when it is the stored one (bytes preserved),
-  // otherwise through the amax.
-  float as(const ScaleConvention& c) const;
   std::string describe() const;  // "weight_global_scale 3584 = 2688/amax -> amax 0.75"
   // The same, naming the tensor that stores it ("input_global_scale 3584 = ...").
   std::string describe(std::string_view tensor) const;
@@ -89,6 +86,14 @@ struct Layer {
     return experts ? Shape{experts, rows() / experts, cols} : Shape{rows(), cols};
   }
   const std::string& primary() const { return sources.front().tensor; }
+  // The value convention `c` stores for the global scale: verbatim when it is the stored one
+  // (bytes preserved), otherwise through the amax, and then only when it decodes the block scales
+  // held to the same values (docs/checkpoints.md, "Global-scale conventions"); throws naming the
+  // layer when no value of `c` does (amax 0 or -0 over nonzero block scales, an amax whose
+  // reciprocal overflows float32, a decode factor float32 holds only as a denormal).
+  float global_as(const ScaleConvention& c) const;
+  // The same for the activation scale, whose amax must come back within one float32 ulp.
+  float act_as(const ScaleConvention& c) const;
   // Points the data spans at `q`'s buffers, which must outlive the layer.
   void point_at(const Quantized& q);
 };

@@ -55,6 +55,30 @@ std::string module_of(std::string_view n) {
   return std::string(n);
 }
 
+void check_output_names(const std::vector<OutputTensor>& tensors) {
+  auto what = [](const OutputTensor& t) {
+    return t.layer.empty() ? "tensor " + detail::quote(t.from) : "quantized layer " + detail::quote(t.layer);
+  };
+  std::map<std::string_view, const OutputTensor*> by_name;
+  std::map<std::string_view, const OutputTensor*> layers;  // module -> its first tensor
+  for (const OutputTensor& t : tensors) {
+    if (const auto [it, fresh] = by_name.emplace(t.name, &t); !fresh)
+      throw Error("output tensor " + detail::quote(t.name) + " would be written twice: for " + what(*it->second) +
+                  " and for " + what(t) + "; rename or remove one of them");
+    if (!t.layer.empty()) layers.emplace(t.layer, &t);
+  }
+  for (const OutputTensor& t : tensors) {
+    if (!t.layer.empty()) continue;
+    const std::string m = module_of(t.name);
+    if (const auto l = layers.find(m); m != t.name && l != layers.end())
+      throw Error(what(t) + (t.from == t.name ? "" : ", written as " + detail::quote(t.name)) +
+                  ", is named like a part of quantized layer " + detail::quote(m) + " (written as " +
+                  detail::quote(l->second->name) +
+                  ", ...): readers would take it for part of that layer; rename "
+                  "or remove it, or keep the layer in high precision (--exclude)");
+  }
+}
+
 std::vector<Out> emit(const Layer& l, Convention c) {
   check_dims(l);
   std::vector<Out> out;

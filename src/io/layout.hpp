@@ -108,6 +108,17 @@ Json apply_config(Json& config, std::optional<Convention> c, const QuantMeta& me
 // The module of a layer tensor: the name without any layout's suffix (".weight", ".scales", ...).
 std::string module_of(std::string_view tensor_name);
 
+// One tensor an output will hold: its name, the quantized layer it is part of (empty for a tensor
+// of its own) and, for messages, what it is written from (an input tensor or a layer's module).
+struct OutputTensor {
+  std::string_view name, layer, from;
+};
+// Refuses, before anything is written, an output that holds a name twice, or that its own readers
+// would refuse or misread: a tensor of its own named like a part of a quantized layer written
+// beside it ("<m>.weight_global_scale" or "<m>.scales" next to layer <m>, in any layout). Every
+// export and save_checkpoint passes here; the errors name both tensors.
+void check_output_names(const std::vector<OutputTensor>& tensors);
+
 // ---- for the layout modules' readers
 
 const StTensor* find(const Checkpoint& ck, const std::string& name);

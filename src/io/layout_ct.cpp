@@ -73,8 +73,8 @@ void emit_ct(const Layer& l, std::vector<Out>& out) {
   if (l.format.mode == Mode::nvfp4) {
     out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));
     out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / numerics::kNvfp4Group}, l.scales));
-    out.push_back(scalar(m + ".weight_global_scale", {1}, l.global.as(kEncodeFactor)));
-    if (l.act) out.push_back(scalar(m + ".input_global_scale", {1}, l.act->as(kEncodeFactor)));
+    out.push_back(scalar(m + ".weight_global_scale", {1}, l.global_as(kEncodeFactor)));
+    if (l.act) out.push_back(scalar(m + ".input_global_scale", {1}, l.act_as(kEncodeFactor)));
   } else if (l.format.mode == Mode::mxfp4) {
     out.push_back(entry(m + ".weight_packed", StDType::u8, {n, k / 2}, l.packed));
     out.push_back(entry(m + ".weight_scale", StDType::u8, {n, k / 32}, l.scales));

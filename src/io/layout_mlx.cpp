@@ -119,6 +119,15 @@ Layer read_mlx(const Checkpoint& ck, const Json& config, const std::string& m) {
     if (group < 1 || group > 1024)
       layer_error(m, "scales " + shape_str(ss, ShapeStyle::list) + " over K = " + std::to_string(k) +
                          " give group size " + std::to_string(group) + " (MLX affine uses 32, 64 or 128)");
+    // Any bits whose K the scale columns divide would pass the checks above: the config's group
+    // size is what tells a contradiction from a layer of other bits.
+    if (cfg.group && *cfg.group != group)
+      layer_error(m, "config.json gives bits " + std::to_string(*cfg.bits) + " and group_size " +
+                         std::to_string(*cfg.group) + ", but then weight " + shape_str(w.shape, ShapeStyle::list) +
+                         " holds K = " + std::to_string(k) + " values a row (" + std::to_string(ws[1]) + " x 32 / " +
+                         std::to_string(*cfg.bits) + ") and scales " + shape_str(s.shape, ShapeStyle::list) +
+                         " groups of " + std::to_string(group) + ", not " + std::to_string(*cfg.group) +
+                         ": the config contradicts the tensors");
     l.format.group_size = static_cast<int>(group);
     const StTensor& b = need(ck, m, m + ".biases", "affine biases");
     check_shape(b, s.dtype, s.shape);

@@ -59,8 +59,8 @@ void emit_modelopt(const Layer& l, std::vector<Out>& out) {
   const std::int64_t n = l.rows(), k = l.cols();
   out.push_back(entry(m + ".weight", StDType::u8, {n, k / 2}, l.packed));
   out.push_back(entry(m + ".weight_scale", StDType::f8_e4m3, {n, k / numerics::kNvfp4Group}, l.scales));
-  out.push_back(scalar(m + ".weight_scale_2", {}, l.global.as(kDecodeFactor)));
-  if (l.act) out.push_back(scalar(m + ".input_scale", {}, l.act->as(kDecodeFactor)));
+  out.push_back(scalar(m + ".weight_scale_2", {}, l.global_as(kDecodeFactor)));
+  if (l.act) out.push_back(scalar(m + ".input_scale", {}, l.act_as(kDecodeFactor)));
 }
 
 // ModelOpt 0.47's export: hf_quant_config.json holds `producer` and `quantization`, and config.json's

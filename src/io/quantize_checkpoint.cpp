@@ -19,27 +19,6 @@ namespace {
 
 using namespace ck;
 
-// NaN and Inf are the values with every exponent bit set, in each float format.
-template <class Bits>
-std::int64_t count_exponent_all_ones(std::span<const std::byte> data, Bits mask) {
-  std::int64_t n = 0;
-  for (std::size_t i = 0; i + sizeof(Bits) <= data.size(); i += sizeof(Bits)) {
-    Bits v;
-    std::memcpy(&v, data.data() + i, sizeof(Bits));
-    n += (v & mask) == mask;
-  }
-  return n;
-}
-
-std::int64_t count_nonfinite(std::span<const std::byte> data, StDType t) {
-  switch (t) {
-    case StDType::f32: return count_exponent_all_ones<std::uint32_t>(data, 0x7F800000u);
-    case StDType::bf16: return count_exponent_all_ones<std::uint16_t>(data, 0x7F80u);
-    case StDType::f16: return count_exponent_all_ones<std::uint16_t>(data, 0x7C00u);
-    default: return 0;
-  }
-}
-
 // GPT-2's Conv1D layers store their weight [in, out], transposed from Linear's [out, in]:
 // quantized as stored, groups would run along the output axis. Names alone are not enough
 // (GPT-BigCode uses the same names for Linear layers), so the config decides when it names the
@@ -439,6 +418,23 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
         throw Error("gpt-oss expert weight " + detail::quote(n) + " is left in high precision (" + why +
                     ") while other expert weights are quantized: mlx-lm reads gpt-oss's experts all split and "
                     "quantized or all in the original form. Quantize all of them or none (--exclude experts)");
+  // The stacks and biases split must fit together: a gate_up_proj of odd width would lose its
+  // last column, a bias of other experts or columns would be split all the same.
+  if (gptoss_split) {
+    auto find = [&](const std::string& logical) -> std::optional<GptossTensor> {
+      if (const SourceWeight* w = copy_codes ? det.sources.find(logical + "_blocks") : nullptr)
+        return GptossTensor{w->data, w->shape};
+      if (in.ck.contains(logical)) return GptossTensor{logical, in.ck.tensor(logical).shape};
+      return std::nullopt;
+    };
+    std::set<std::string> parents;  // "<p>.experts."
+    auto parent_of = [](const std::string& n) { return n.substr(0, n.rfind('.') + 1); };
+    for (const Sel& s : chosen)
+      if (s.experts && s.experts->col_step) parents.insert(parent_of(s.experts->tensors.front()));
+    for (const std::string& n : in.ck.names())
+      if (!gptoss_bias_parts(n).empty()) parents.insert(parent_of(n));
+    for (const std::string& p : parents) check_gptoss_fit(p, find);
+  }
 
   // Patterns and module names that select nothing are typos: refuse them.
   auto example = [&] {
@@ -588,6 +584,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
       const Sel& s = *selp;
       Item it = tensor_item(in, n, s.module);
       it.entries = entries_of(emit(s.skel, opt.to));
+      it.layer = s.skel.module;
       if (s.experts)
         for (const std::string& t : s.experts->tensors)
           if (t != n) {
@@ -622,9 +619,10 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
         Tensor storage;
         const TensorView x = sp->experts ? (storage = gather_rows(in.ck, det.sources, *sp->experts), storage.view())
                                          : float_values(in.ck, det.sources, sp->name, storage);
-        const std::int64_t nonfinite = count_nonfinite(
-            {static_cast<const std::byte*>(x.data), static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype)},
-            to_st_dtype(x.dtype));
+        const std::int64_t nonfinite = count_nonfinite({static_cast<const std::byte*>(x.data),
+                                                        static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype)},
+                                                       to_st_dtype(x.dtype))
+                                           .total();
         if (nonfinite && base.nonfinite == NonFinite::error)
           throw Error("tensor " + detail::quote(sp->name) + " has " + std::to_string(nonfinite) +
                       " non-finite values (NaN/Inf) of " + std::to_string(src.numel()) +

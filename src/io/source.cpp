@@ -443,14 +443,16 @@ void refuse_convert(const Sources& s, const std::string& input, Convention to) {
 }
 
 Item source_item(const Input& in, const SourceWeight& w, DType dt, Report& report, TensorAction action,
-                 std::string reason) {
+                 std::string reason, std::optional<NonFinite> nonfinite) {
   Item it = tensor_item(in, w.data, w.output);
   it.in_bytes += in.ck.tensor(w.scale).data.size();
   it.entries = {{w.output, to_st_dtype(dt), w.shape}};
-  it.run = [&in, &w, dt, &report, action, reason = std::move(reason), bytes = it.in_bytes](SafetensorsWriter& wr) {
+  it.run = [&in, &w, dt, &report, action, reason = std::move(reason), nonfinite,
+            bytes = it.in_bytes](SafetensorsWriter& wr) {
     const Tensor y = decode_source(in.ck, w, dt);
-    wr.write_tensor(w.output, y);
     TensorReport r;
+    if (nonfinite) check_nonfinite({y.bytes(), y.nbytes()}, dt, w.output, *nonfinite, r);
+    wr.write_tensor(w.output, y);
     r.name = w.output;
     r.action = action;
     r.format = w.data.ends_with("_blocks") ? "mxfp4" : "fp8";

@@ -73,8 +73,9 @@ void note_dropped(const Sources& s, Report& report);
 // which has no form for its stacked experts).
 [[noreturn]] void refuse_convert(const Sources& s, const std::string& input, Convention to);
 
-// An item writing `w` decoded to `dt` as `w.output`, reported with `action` (and `reason`).
+// An item writing `w` decoded to `dt` as `w.output`, reported with `action` (and `reason`); with
+// `nonfinite`, its NaN and Inf are counted and checked (check_nonfinite).
 Item source_item(const Input& in, const SourceWeight& w, DType dt, Report& report, TensorAction action,
-                 std::string reason = "");
+                 std::string reason = "", std::optional<NonFinite> nonfinite = std::nullopt);
 
 }  // namespace microscale::io::ck

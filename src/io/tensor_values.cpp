@@ -7,6 +7,32 @@
 
 namespace microscale::io::ck {
 
+namespace {
+
+// NaN and Inf are the values with every exponent bit set, in each float format; NaN has a
+// mantissa bit set too.
+template <class Bits>
+NonFiniteCount count_exponent_all_ones(std::span<const std::byte> data, Bits exponent, Bits mantissa) {
+  NonFiniteCount n;
+  for (std::size_t i = 0; i + sizeof(Bits) <= data.size(); i += sizeof(Bits)) {
+    Bits v;
+    std::memcpy(&v, data.data() + i, sizeof(Bits));
+    if ((v & exponent) == exponent) ++((v & mantissa) ? n.nan : n.inf);
+  }
+  return n;
+}
+
+}  // namespace
+
+NonFiniteCount count_nonfinite(std::span<const std::byte> data, StDType t) {
+  switch (t) {
+    case StDType::f32: return count_exponent_all_ones<std::uint32_t>(data, 0x7F800000u, 0x007FFFFFu);
+    case StDType::bf16: return count_exponent_all_ones<std::uint16_t>(data, 0x7F80u, 0x007Fu);
+    case StDType::f16: return count_exponent_all_ones<std::uint16_t>(data, 0x7C00u, 0x03FFu);
+    default: return {};
+  }
+}
+
 bool has_values(StDType t) {
   switch (t) {
     case StDType::f32:

@@ -9,6 +9,7 @@
 #include <memory>
 #include <tuple>
 
+#include "io/tensor_values.hpp"
 #include "io/write_pipeline.hpp"
 
 namespace microscale::io {
@@ -86,6 +87,21 @@ Item passthrough(const Input& in, const std::string& name, Report& report, std::
     report.tensors.push_back(std::move(r));
   };
   return it;
+}
+
+void check_nonfinite(std::span<const std::byte> values, DType dt, const std::string& name, NonFinite policy,
+                     TensorReport& r) {
+  const NonFiniteCount n = count_nonfinite(values, to_st_dtype(dt));
+  r.nonfinite = n.total();
+  if (n.total() == 0 || policy != NonFinite::error) return;
+  std::string what;
+  if (n.nan) what = std::to_string(n.nan) + " NaN (a NaN block scale, or NaN stored)";
+  if (n.inf)
+    what += (what.empty() ? "" : " and ") + std::to_string(n.inf) + " infinite (beyond " + dtype_name(dt) + "'s range" +
+            (dt == DType::float16 ? ", 65504: --dtype bfloat16 or float32 holds them" : "") + ")";
+  throw Error("tensor " + detail::quote(name) + " dequantizes to " + what + " values of " +
+              std::to_string(values.size() / dtype_size(dt)) + " in " + dtype_name(dt) +
+              "; --nonfinite propagate writes them as they are");
 }
 
 void write_emitted(SafetensorsWriter& w, const std::vector<Out>& outs, TensorReport& r) {
@@ -266,6 +282,10 @@ Json split_plan(const Input& in, const std::vector<Item>& items, const std::vect
 void write_output(const Input& in, const fs::path& out, bool force, std::vector<Item>& items, const char* shard_format,
                   std::optional<Convention> to, const QuantMeta& meta, const ProgressFn& progress, Report& report,
                   std::optional<DType> dtype, Part part, const std::string& options) {
+  std::vector<OutputTensor> names;
+  for (const Item& it : items)
+    for (const StEntry& e : it.entries) names.push_back({e.name, it.layer, it.label});
+  check_output_names(names);
   const std::vector<OutShard> shards = plan_shards(in, items);
   if (part.count <= 1) {
     Staging st(in.dir, out, force);

@@ -24,6 +24,7 @@ struct Item {
   std::uint64_t in_bytes = 0;
   std::vector<std::span<const std::byte>> inputs;  // the mapped bytes it reads, to prefetch
   std::string label;
+  std::string layer;  // the quantized layer whose tensors it writes; empty for other tensors
   std::function<void(SafetensorsWriter&)> run;
 };
 
@@ -36,6 +37,11 @@ Item layer_item(const Input& in, const Layer& l);
 // quantized.
 Item passthrough(const Input& in, const std::string& name, Report& report,
                  std::optional<std::string> kept_reason = std::nullopt);
+
+// dequantize's NaN and Inf in `values` (of dtype `dt`), written for `name`: counted into `r`, and
+// under NonFinite::error an Error naming the tensor (so nothing is published).
+void check_nonfinite(std::span<const std::byte> values, DType dt, const std::string& name, NonFinite policy,
+                     TensorReport& r);
 
 // Writes `outs` (emit's tensors), adding their bytes to `r`.
 void write_emitted(SafetensorsWriter& w, const std::vector<Out>& outs, TensorReport& r);

@@ -12,17 +12,22 @@
 //   group bits mode   indexes into kConfigInts, kConfigInts, kModes (config kinds 2-4)
 //   [len text]        config kind 6 only: raw config.json text
 //   count             number of tensors (mod 9)
-//   per tensor: module suffix dtype rank shard dim0 dim1 dim2 [dim3 for rank 4] (dims: kDims index, or
-//               small value)
+//   per tensor: module suffix dtype rank place dim0 dim1 dim2 [dim3 for rank 4] (dims: kDims index, or
+//               small value; place: bit 0 shard, bits 1-7 an index into kEdgeValues, whose value fills
+//               an F32 tensor: global and activation scales at the edges)
 //   the rest          tensor data, taken in order and repeated as needed
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +96,25 @@ const char* const kSuffixes[] = {".weight", ".weight_packed", ".weight_scale", "
                                  ".weight_zero_point", ".bias", "",
                                  // quantized sources: DeepSeek FP8 scales, gpt-oss MXFP4 experts
                                  ".weight_scale_inv", "_blocks", "_scales"};
+// Values that scales (weight_scale_2, weight_global_scale, input scales) read as F32 take at the
+// edges of their conventions: zeros, denormals, overflowing reciprocals, non-finite and negative
+// values, and the ordinary 1 and 2688. Index 0: no fill (the data pool).
+constexpr float kEdgeValues[] = {0.0f,
+                                 0.0f,
+                                 -0.0f,
+                                 1e-40f,
+                                 std::numeric_limits<float>::denorm_min(),
+                                 std::numeric_limits<float>::min(),
+                                 std::numeric_limits<float>::max(),
+                                 std::numeric_limits<float>::infinity(),
+                                 -std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 -1.0f,
+                                 1.0f,
+                                 2688.0f,
+                                 1.0f / 2688.0f,
+                                 7.9e-36f,
+                                 1e38f};
 constexpr StDType kLikely[] = {StDType::u8,   StDType::u32, StDType::f8_e4m3, StDType::f16,
                                StDType::bf16, StDType::f32, StDType::f8_e8m0, StDType::u8};
 constexpr std::uint64_t kMaxTensorBytes = 1 << 16;
@@ -127,6 +151,7 @@ struct TensorSpec {
   Shape shape;
   std::uint64_t nbytes;
   int shard;
+  std::size_t edge;  // an index into kEdgeValues: fills an F32 tensor with that value (0: no fill)
 };
 
 std::int64_t dim(std::uint8_t b) {
@@ -180,8 +205,13 @@ void write_shard(const fs::path& p, const std::vector<const TensorSpec*>& ts, co
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xFF);
   out += text;
-  for (std::uint64_t i = 0; i < off; ++i)
-    out.push_back(pool.empty() ? '\0' : static_cast<char>(pool[pos++ % pool.size()]));
+  for (const TensorSpec* t : ts)
+    for (std::uint64_t i = 0; i < t->nbytes; ++i) {
+      const float v = kEdgeValues[t->edge];
+      out.push_back(t->edge && t->dtype == StDType::f32 ? reinterpret_cast<const char*>(&v)[i % 4]
+                    : pool.empty()                      ? '\0'
+                                                        : static_cast<char>(pool[pos++ % pool.size()]));
+    }
   write_file(p, out);
 }
 
@@ -204,6 +234,21 @@ void check_loaded(const CheckpointData& d) {
     const Tensor y = dequantize(q, DType::float32);
     require(y.numel() == q.shape[0] * q.shape[1], "dequantized size");
   }
+}
+
+// What convert writes decodes to the values it read: bit for bit, or, where a global scale crossed
+// conventions through its amax, with an amax at most one float32 ulp away (docs/checkpoints.md).
+void check_same_values(const CheckpointData& before, const CheckpointData& after) {
+  for (const QuantizedLayer& a : before.layers)
+    for (const QuantizedLayer& b : after.layers) {
+      if (b.module != a.module) continue;  // stacked or split experts are renamed
+      const Tensor ya = dequantize(a.weight, DType::float32), yb = dequantize(b.weight, DType::float32);
+      if (ya.nbytes() == yb.nbytes() && std::memcmp(ya.bytes(), yb.bytes(), ya.nbytes()) == 0) continue;
+      // A two-level layer stands for amax 2688 (decode factor 1).
+      const float ga = a.weight.spec.global_scale.value_or(2688.0f), gb = b.weight.spec.global_scale.value_or(2688.0f);
+      require(ga > 0 && (gb == std::nextafter(ga, INFINITY) || gb == std::nextafter(ga, 0.0f)),
+              "a converted layer decodes to the values it was read as");
+    }
 }
 
 template <class F>
@@ -250,7 +295,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::uint8_t d = in.byte();
     t.dtype = d < 128 ? pick(kLikely, d) : static_cast<StDType>(d % kStDTypeCount);
     const int rank = pick({2, 2, 2, 1, 0, 3, 4}, in.byte());  // 4: gpt-oss expert blocks
-    t.shard = in.byte() & 1;
+    const std::uint8_t place = in.byte();
+    t.shard = place & 1;
+    t.edge = (place >> 1) % std::size(kEdgeValues);
     for (int r = 0; r < std::max(rank, 3); ++r) {
       const std::int64_t v = dim(in.byte());
       if (r < rank) t.shape.push_back(v);
@@ -301,7 +348,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
 
   attempt([&] { (void)inspect_checkpoint(model, (flags & 64) != 0); });
-  attempt([&] { check_loaded(load_checkpoint(model)); });
+  std::optional<CheckpointData> loaded;
+  attempt([&] {
+    loaded = load_checkpoint(model);
+    check_loaded(*loaded);
+  });
   DequantizeOptions dq;
   dq.force = true;
   attempt([&] { dequantize_checkpoint(model, out / "dq", dq); });
@@ -310,8 +361,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     co.to = to;
     co.force = true;
     if (!attempt([&] { convert_checkpoint(model, out / "cv", co); })) continue;
-    try {  // what convert writes must load back
-      check_loaded(load_checkpoint(out / "cv"));
+    try {  // what convert writes must load back, holding the same values
+      const CheckpointData back = load_checkpoint(out / "cv");
+      check_loaded(back);
+      if (loaded) check_same_values(*loaded, back);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "invariant violated: checkpoint converted to %s does not load back: %s\n", name(to),
                    e.what());
@@ -322,6 +375,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   qo.to = flags & 128 ? Convention::mlx : Convention::compressed_tensors;
   qo.spec.mode = flags & 128 ? Mode::affine : Mode::nvfp4;
   qo.force = true;
-  attempt([&] { quantize_checkpoint(model, out / "q", qo); });
+  if (!attempt([&] { quantize_checkpoint(model, out / "q", qo); })) return 0;
+  try {  // so must what quantize writes (a float tensor named like a part of a layer it writes)
+    check_loaded(load_checkpoint(out / "q"));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "invariant violated: quantized checkpoint does not load back: %s\n", e.what());
+    std::abort();
+  }
   return 0;
 }

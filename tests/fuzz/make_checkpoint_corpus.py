@@ -18,6 +18,8 @@ SUFFIXES = [".weight", ".weight_packed", ".weight_scale", ".weight_global_scale"
 LIKELY = ["U8", "U32", "F8_E4M3", "F16", "BF16", "F32", "F8_E8M0"]
 CONFIG_KINDS = {None: 0, "empty": 1, "mlx": 2, "mlx_override": 3, "ct": 4, "modelopt": 5, "raw": 6, "bad": 7}
 RANKS = {2: 0, 1: 3, 0: 4, 3: 5, 4: 6}
+# Indexes into kEdgeValues: the value an F32 tensor is filled with (0: none, the data pool).
+EDGES = {"zero": 1, "negzero": 2, "denormal": 3, "flt_max": 6, "inf": 7, "nan": 9, "negative": 10}
 
 
 def dim(v):
@@ -26,7 +28,7 @@ def dim(v):
 
 def seed(config=None, group=64, bits=4, mode=None, tensors=(), data=b"", sharded=False, damage=0, stats=True,
          quantize_mlx=False, raw_config=b""):
-    """tensors: (module, suffix, dtype, shape[, shard])"""
+    """tensors: (module, suffix, dtype, shape[, shard[, edge]])"""
     flags = CONFIG_KINDS[config] | (8 if sharded else 0) | (damage << 4) | (64 if stats else 0) | (128 if quantize_mlx else 0)
     module0 = MODULES.index(tensors[0][0]) if tensors else 0
     out = bytes([flags, module0, CONFIG_INTS.index(group), CONFIG_INTS.index(bits), MODES.index(mode)])
@@ -36,10 +38,11 @@ def seed(config=None, group=64, bits=4, mode=None, tensors=(), data=b"", sharded
     for i, t in enumerate(tensors):
         module, suffix, dtype, shape = t[:4]
         shard = t[4] if len(t) > 4 else 0
+        edge = EDGES[t[5]] if len(t) > 5 else 0
         if i:
             out += bytes([MODULES.index(module)])
         dims = [dim(d) for d in shape] + [0] * (3 - len(shape))  # rank 4 writes a fourth dim
-        out += bytes([SUFFIXES.index(suffix), LIKELY.index(dtype), RANKS[len(shape)], shard] + dims)
+        out += bytes([SUFFIXES.index(suffix), LIKELY.index(dtype), RANKS[len(shape)], shard | edge << 1] + dims)
     return out + data
 
 
@@ -91,6 +94,29 @@ def main():
                                                              ("m", ".weight_scale_2", "F32", []),
                                                              ("m", ".input_global_scale", "F32", [0, 0, 0])],
                                         data=packed + b"\x38" * 4 + one),
+        # Global scales at the edges of their conventions: a weight_scale_2 of 0 or -0 decodes to
+        # zeros, a denormal one to an amax whose 2688/amax overflows; convert used to write a
+        # weight_global_scale decoding the same codes to values up to 2688, or 3000x larger.
+        **{f"modelopt_ws2_{edge}": seed("modelopt", tensors=[("m", ".weight", "U8", [4, 8]),
+                                                             ("m", ".weight_scale", "F8_E4M3", [4, 1]),
+                                                             ("m", ".weight_scale_2", "F32", [], 0, edge)],
+                                        data=packed + b"\x38" * 4)
+           for edge in ("zero", "negzero", "denormal", "flt_max", "nan")},
+        **{f"ct_gs_{edge}": seed("ct", group=16, tensors=[("m", ".weight_packed", "U8", [4, 8]),
+                                                           ("m", ".weight_scale", "F8_E4M3", [4, 1]),
+                                                           ("m", ".weight_global_scale", "F32", [1], 0, edge)],
+                                 data=packed + b"\x38" * 4)
+           for edge in ("zero", "negzero", "denormal", "flt_max", "inf", "negative")},
+        "modelopt_ws2_zero_scales": seed("modelopt", tensors=[("m", ".weight", "U8", [4, 8]),
+                                                               ("m", ".weight_scale", "F8_E4M3", [4, 1]),
+                                                               ("m", ".weight_scale_2", "F32", [], 0, "zero")],
+                                         data=packed + b"\x00" * 4),
+        # A float model holding a tensor named like a part of the layer quantize writes: the output
+        # used to be one that load, dequantize and convert refuse.
+        "float_model_layer_part": seed("empty", quantize_mlx=True,
+                                       tensors=[("m", ".weight", "BF16", [4, 64]),
+                                                ("m", ".weight_global_scale", "F32", [1])],
+                                       data=bytes((i * 13 + 5) & 0x3F for i in range(256))),
         # A shard tensor that the index leaves out, and one the index names but no shard holds.
         "sharded_unlisted": seed("empty", sharded=True, damage=1,
                                  tensors=[("m", ".weight", "F32", [4, 8], 0), ("x", ".weight", "F32", [4, 8], 1)]),

@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <array>
+#include <cfloat>
 #include <cmath>
 #include <csignal>
 
@@ -88,6 +90,23 @@ TEST(HostileCheckpoint, MlxConfigBitsAndGroupOutOfRange) {
                     {"layer \"m\"", "group_size 4294967328"});
 }
 
+TEST(HostileCheckpoint, MlxAffineBitsThatContradictTheGroupSize) {
+  // 8 words of 4-bit codes (K = 64) with one scale column: group 64. Read with bits 8, K becomes
+  // 32 and the group 32; the config's group_size 64 used to go unchecked, and dequantize wrote
+  // [4, 32] weights.
+  TempDir dir;
+  const std::string w = entry("m.weight", "U32", "[4,8]", 0, 128) + "," + entry("m.scales", "F16", "[4,1]", 128, 136) +
+                        "," + entry("m.biases", "F16", "[4,1]", 136, 144);
+  const Bytes d = pattern(144);
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": 8}})", w, d),
+                    {"layer \"m\"", "bits 8 and group_size 64", "K = 32", "groups of 32"});
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": 4, "m": {"bits": 2}}})", w, d),
+                    {"layer \"m\"", "bits 2 and group_size 64", "groups of 128"});
+  // The bits that agree read as they are.
+  const CheckpointData ok = load_checkpoint(write_model(dir, kMlxAffine4, w, d));
+  EXPECT_EQ(ok.layers.at(0).weight.shape, (Shape{4, 64}));
+}
+
 TEST(HostileCheckpoint, MlxPackedWidthOverflow) {
   // 2^62 words * 32 bits wraps int64 (it used to report "group_size -512").
   TempDir dir;
@@ -154,6 +173,212 @@ TEST(HostileCheckpoint, GlobalScalesWhoseAmaxIsNotFinite) {
                       entry("m.input_scale", "F32", "[]", 40, 44),
                   mo),
       {"layer \"m\"", "invalid activation scale"});
+}
+
+// ---- global scales at the edges
+
+// A one-layer three-level nvfp4 model [4, 16] ("m") at dir/model: ModelOpt (weight_scale_2 = `g`,
+// the decode factor) or compressed-tensors (weight_global_scale = `g`, the encode factor), every
+// block scale byte `scale`.
+fs::path nvfp4_layer(const TempDir& dir, bool modelopt, float g, std::uint8_t scale) {
+  Bytes d = pattern(32);
+  d.insert(d.end(), 4, std::byte{scale});
+  const Bytes gb = f32(g);
+  d.insert(d.end(), gb.begin(), gb.end());
+  const std::string packed = modelopt ? "m.weight" : "m.weight_packed";
+  const std::string global =
+      modelopt ? entry("m.weight_scale_2", "F32", "[]", 36, 40) : entry("m.weight_global_scale", "F32", "[1]", 36, 40);
+  return write_model(
+      dir, "{}",
+      entry(packed, "U8", "[4,8]", 0, 32) + "," + entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) + "," + global,
+      d);
+}
+
+// Converts `model` to `to`: either refused naming the layer and the tensor it could not write,
+// with nothing written, or converted to a checkpoint whose float32 values are bit for bit those
+// of `model`. Returns whether it converted.
+bool converts_keeping_values(const TempDir& dir, const fs::path& model, Convention to) {
+  SCOPED_TRACE(std::string("to ") + name(to));
+  fs::remove_all(dir / "cv");
+  ConvertOptions o;
+  o.to = to;
+  try {
+    convert_checkpoint(model, dir / "cv", o);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("layer \"m\""), std::string::npos) << msg;
+    if (to != Convention::mlx) {
+      EXPECT_NE(msg.find(to == Convention::modelopt ? "weight_scale_2" : "weight_global_scale"), std::string::npos)
+          << msg;
+    }
+    EXPECT_FALSE(fs::exists(dir / "cv"));
+    return false;
+  }
+  DequantizeOptions dq;
+  dq.dtype = DType::float32;
+  dq.force = true;
+  dequantize_checkpoint(model, dir / "before", dq);
+  dequantize_checkpoint(dir / "cv", dir / "after", dq);
+  EXPECT_EQ(to_bytes(Checkpoint::open(dir / "before").tensor("m.weight").data),
+            to_bytes(Checkpoint::open(dir / "after").tensor("m.weight").data));
+  for (const char* d : {"cv", "before", "after"}) fs::remove_all(dir / d);
+  return true;
+}
+
+TEST(HostileCheckpoint, ConvertKeepsTheValuesOfEdgeGlobalScalesOrRefuses) {
+  // ModelOpt's weight_scale_2 multiplies, compressed-tensors' weight_global_scale divides. A
+  // weight_scale_2 of 0 or -0 decodes to zeros, which no weight_global_scale gives over nonzero
+  // block scales (it used to be written as 1: values up to 2688); a denormal one stands for an
+  // amax whose 2688/amax overflows (written as FLT_MAX: values about 3000x larger).
+  TempDir dir;
+  constexpr std::uint8_t kOne = 0x38, kZero = 0x00;  // E4M3 block scales 1.0 and 0
+  for (const float g : {0.0f, -0.0f, 1e-40f, FLT_TRUE_MIN}) {
+    SCOPED_TRACE(g);
+    const fs::path m = nvfp4_layer(dir, true, g, kOne);
+    EXPECT_FALSE(converts_keeping_values(dir, m, Convention::compressed_tensors));
+    EXPECT_FALSE(converts_keeping_values(dir, m, Convention::mlx));
+    EXPECT_TRUE(converts_keeping_values(dir, m, Convention::modelopt));  // verbatim
+  }
+  // Over all-zero block scales every factor decodes to the same zeros: written as 1. Not for -0,
+  // whose zeros carry the other sign.
+  EXPECT_TRUE(converts_keeping_values(dir, nvfp4_layer(dir, true, 0.0f, kZero), Convention::compressed_tensors));
+  EXPECT_FALSE(converts_keeping_values(dir, nvfp4_layer(dir, true, -0.0f, kZero), Convention::compressed_tensors));
+  // An amax 2688/gs whose amax/2688 float32 holds only as a denormal: refused or kept, never moved.
+  for (const std::uint8_t scale : {kOne, kZero})
+    (void)converts_keeping_values(dir, nvfp4_layer(dir, false, FLT_MAX, scale), Convention::modelopt);
+  // Ordinary scales cross both ways, and decode factor 1 (amax 2688) into MLX's two-level form.
+  EXPECT_TRUE(converts_keeping_values(dir, nvfp4_layer(dir, true, 0.5f, kOne), Convention::compressed_tensors));
+  EXPECT_TRUE(converts_keeping_values(dir, nvfp4_layer(dir, false, 2.0f, kOne), Convention::modelopt));
+  EXPECT_TRUE(converts_keeping_values(dir, nvfp4_layer(dir, true, 1.0f, kOne), Convention::mlx));
+  EXPECT_TRUE(converts_keeping_values(dir, nvfp4_layer(dir, false, 1.0f, kOne), Convention::mlx));
+  // Values no reader accepts, in either convention: every operation refuses them.
+  for (const bool modelopt : {true, false})
+    for (const float g : {FLT_MAX, INFINITY, -INFINITY, NAN, -1.0f}) {
+      if (!modelopt && g == FLT_MAX) continue;  // a valid encode factor (above)
+      SCOPED_TRACE(g);
+      expect_all_refuse(dir, nvfp4_layer(dir, modelopt, g, kOne), {"layer \"m\"", "invalid global scale"});
+    }
+  for (const float g : {0.0f, -0.0f, 1e-40f})  // 2688/gs is no finite amax
+    expect_all_refuse(dir, nvfp4_layer(dir, false, g, kOne), {"layer \"m\"", "invalid global scale"});
+}
+
+TEST(HostileCheckpoint, SavedGlobalScalesKeepTheirValuesOrAreRefused) {
+  // save_checkpoint takes microscale's amax: 0 over nonzero block scales decodes to zeros, which
+  // neither layout's stored value gives.
+  TempDir dir;
+  Quantized q;
+  q.spec.mode = Mode::nvfp4;
+  q.spec.global_scale = 0.0f;
+  q.shape = {4, 16};
+  q.packed = Tensor(DType::uint8, {4, 8});
+  q.scales = Tensor(DType::uint8, {4, 1});
+  std::memset(q.packed.bytes(), 0x72, q.packed.nbytes());
+  CheckpointData data;
+  data.layers.push_back({"m", q, std::nullopt});
+  for (const Convention to : {Convention::compressed_tensors, Convention::modelopt}) {
+    std::memset(q.scales.bytes(), 0x38, q.scales.nbytes());
+    data.layers[0].weight = q;
+    expect_error([&] { save_checkpoint(dir / "s", data, to); }, {"layer \"m\"", "amax 0"});
+    EXPECT_FALSE(fs::exists(dir / "s"));
+    std::memset(q.scales.bytes(), 0, q.scales.nbytes());
+    data.layers[0].weight = q;
+    save_checkpoint(dir / "s", data, to, true);
+    const Tensor y = dequantize(load_checkpoint(dir / "s").layers[0].weight, DType::float32);
+    for (std::int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], 0.0f);
+    fs::remove_all(dir / "s");
+  }
+}
+
+TEST(HostileCheckpoint, SavedTensorsNamedLikeAPartOfALayerAreRefused) {
+  // Beside layer "m": a tensor the layout writes for it, or one another layout's reader takes for
+  // part of it. Written, the first made two tensors of one name, the others a checkpoint that
+  // load_checkpoint refuses (or reads as the layer's activation scale).
+  TempDir dir;
+  Quantized q;
+  q.spec.mode = Mode::nvfp4;
+  q.spec.global_scale = 1.0f;
+  q.shape = {4, 16};
+  q.packed = Tensor(DType::uint8, {4, 8});
+  q.scales = Tensor(DType::uint8, {4, 1});
+  std::memset(q.scales.bytes(), 0x38, q.scales.nbytes());
+  const std::pair<Convention, const char*> cases[] = {
+      {Convention::mlx, "m.scales"},
+      {Convention::mlx, "m.weight_global_scale"},
+      {Convention::compressed_tensors, "m.weight_global_scale"},
+      {Convention::compressed_tensors, "m.input_global_scale"},
+      {Convention::compressed_tensors, "m.biases"},
+      {Convention::modelopt, "m.input_scale"},
+  };
+  for (const auto& [to, extra] : cases) {
+    SCOPED_TRACE(extra);
+    CheckpointData data;
+    data.layers.push_back({"m", q, std::nullopt});
+    if (to == Convention::mlx) data.layers[0].weight.spec.global_scale.reset();
+    data.tensors.push_back({extra, StDType::f32, {1}, std::vector<std::byte>(4)});
+    expect_error([&] { save_checkpoint(dir / "s", data, to); },
+                 {"\"" + std::string(extra) + "\"", "quantized layer \"m\""});
+    EXPECT_FALSE(fs::exists(dir / "s"));
+  }
+}
+
+// A compressed-tensors nvfp4 layer "m" [4, 16] with weight_global_scale `gs` and these block scales.
+fs::path ct_layer(const TempDir& dir, float gs, std::array<std::uint8_t, 4> scales) {
+  Bytes d = pattern(32);
+  for (const std::uint8_t s : scales) d.push_back(std::byte{s});
+  const Bytes g = f32(gs);
+  d.insert(d.end(), g.begin(), g.end());
+  return write_model(dir, "{}",
+                     entry("m.weight_packed", "U8", "[4,8]", 0, 32) + "," +
+                         entry("m.weight_scale", "F8_E4M3", "[4,1]", 32, 36) + "," +
+                         entry("m.weight_global_scale", "F32", "[1]", 36, 40),
+                     d);
+}
+
+std::int64_t reported_nonfinite(const Report& r, const std::string& name) {
+  for (const TensorReport& t : r.tensors)
+    if (t.name == name) return t.nonfinite;
+  ADD_FAILURE() << name << " not reported";
+  return -1;
+}
+
+TEST(HostileCheckpoint, DequantizeCountsNonFiniteValuesAndRefusesThemOnRequest) {
+  TempDir dir;
+  DequantizeOptions propagate, error;
+  propagate.force = error.force = true;
+  error.nonfinite = NonFinite::error;
+  // E4M3's NaN code 0x7F as the second row's block scale: its 16 values decode to NaN.
+  const fs::path nan = ct_layer(dir, 1.0f, {0x38, 0x7F, 0x38, 0x38});
+  for (const DType dt : {DType::float32, DType::bfloat16, DType::float16}) {
+    propagate.dtype = error.dtype = dt;
+    EXPECT_EQ(reported_nonfinite(dequantize_checkpoint(nan, dir / "dq", propagate), "m"), 16);
+    fs::remove_all(dir / "dq");
+    expect_error([&] { dequantize_checkpoint(nan, dir / "dq", error); },
+                 {"tensor \"m.weight\"", "16 NaN", "of 64", dtype_name(dt), "--nonfinite propagate"});
+    EXPECT_FALSE(fs::exists(dir / "dq"));
+  }
+  // amax 1e6 over block scales of 448: values up to 1e6, past float16's 65504.
+  const fs::path big = ct_layer(dir, 2688.0f / 1e6f, {0x7E, 0x7E, 0x7E, 0x7E});
+  propagate.dtype = DType::float32;
+  dequantize_checkpoint(big, dir / "f32", propagate);
+  std::int64_t past_f16 = 0;  // f32 values that round to float16 infinity (65520 and beyond)
+  const Checkpoint f32_values = Checkpoint::open(dir / "f32");
+  const StTensor& y = f32_values.tensor("m.weight");
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    float v;
+    std::memcpy(&v, y.data.data() + 4 * i, 4);
+    past_f16 += std::fabs(v) >= 65520.0f;
+  }
+  ASSERT_GT(past_f16, 0);
+  EXPECT_EQ(reported_nonfinite(dequantize_checkpoint(big, dir / "f32", propagate), "m"), 0);
+  propagate.dtype = error.dtype = DType::float16;
+  EXPECT_EQ(reported_nonfinite(dequantize_checkpoint(big, dir / "dq", propagate), "m"), past_f16);
+  fs::remove_all(dir / "dq");
+  expect_error([&] { dequantize_checkpoint(big, dir / "dq", error); },
+               {"tensor \"m.weight\"", std::to_string(past_f16) + " infinite", "65504", "--dtype bfloat16"});
+  EXPECT_FALSE(fs::exists(dir / "dq"));
+  // Saturating has no meaning for values already decoded.
+  error.nonfinite = NonFinite::saturate;
+  expect_error([&] { dequantize_checkpoint(big, dir / "dq", error); }, {"nonfinite", "saturate"});
 }
 
 TEST(HostileCheckpoint, TensorsNamedLikeAnotherLayoutsPartOfALayerAreRefused) {

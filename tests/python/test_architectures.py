@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ import spec_oracle as so
 from ckpt_support import BF16, CLI, ROOT, header, load_all, ok, run, skip_without_cli, u8
 
 pytest.importorskip("safetensors")
+from safetensors.numpy import save_file  # noqa: E402
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 skip_without_cli()
@@ -451,3 +453,43 @@ def test_fused_projections_share_one_global_scale(quantized, arch, export):
         assert got[module + key].reshape(-1)[0] == want, (module, members)
     if arch == "deepseek_v3":
         assert "model.layers.0.self_attn.kv_a_proj_with_mqa" in fused
+
+
+# Tensor names a layer takes in one layout or another beyond its `.weight` (docs/checkpoints.md).
+LAYER_PARTS = ["weight_global_scale", "input_global_scale", "input_scale", "biases"]
+
+
+@pytest.mark.parametrize("fmt,export", MODES, ids=MODE_IDS)
+def test_tensor_named_like_a_part_of_an_exported_layer_is_refused(tmp_path, fmt, export):
+    """Every export of a model that also holds a float tensor named like a part of a layer it
+    writes: that output used to be refused by inspect, dequantize and convert (or its tensor read as
+    the layer's activation scale, or the export failed when writing a file); the export refuses it
+    before writing anything, naming both tensors. Without the extra tensor the export reads back
+    (the tests above)."""
+    module = "model.layers.0.self_attn.q_proj"
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(FIXTURES, "llama"), src)
+    t = load_all(src)
+    for part in LAYER_PARTS:
+        extra = f"{module}.{part}"
+        save_file({**t, extra: np.ones([1], np.float32)}, str(src / "model.safetensors"))
+        out = tmp_path / part
+        r = run("quantize", src, "-o", out, "--format", fmt, "--export", export)
+        assert r.returncode == 1, (part, r.stdout)
+        assert f'"{extra}"' in r.stderr and f'quantized layer "{module}"' in r.stderr, r.stderr
+        assert not out.exists()
+
+
+def test_two_layers_of_one_name_are_refused(tmp_path):
+    """mlx-lm's SwitchGLU name for stacked experts, also held as a float weight of its own: both
+    would be written as one tensor (the export used to fail only when writing the file)."""
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(FIXTURES, "qwen3_moe"), src)
+    t = load_all(src)
+    expert = "model.layers.0.mlp.experts.0.gate_proj.weight"
+    stacked = "model.layers.0.mlp.switch_mlp.gate_proj"
+    save_file({**t, stacked + ".weight": t[expert]}, str(src / "model.safetensors"))
+    r = run("quantize", src, "-o", tmp_path / "out", "--format", "mxfp4", "--export", "mlx")
+    assert r.returncode == 1
+    assert f'output tensor "{stacked}.weight" would be written twice' in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

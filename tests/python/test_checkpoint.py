@@ -4,6 +4,7 @@ and (MLX) by `mlx` itself."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -155,6 +156,23 @@ def test_save_refuses_input_amax_it_cannot_write(tmp_path, export, amaxes, match
         q.input_amax = a
     with pytest.raises(ValueError, match=match):
         microscale.save_checkpoint(tmp_path / "out", layers, export=export)
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("export, mode, part", [
+    ("mlx", "nvfp4", "weight_global_scale"), ("mlx", "affine", "biases"), ("mlx", "mxfp4", "input_scale"),
+    ("compressed-tensors", "nvfp4", "weight_global_scale"), ("compressed-tensors", "nvfp4", "input_global_scale"),
+    ("compressed-tensors", "mxfp4", "scales"), ("modelopt", "nvfp4", "input_scale")])
+def test_save_refuses_a_tensor_named_like_a_part_of_a_layer(tmp_path, export, mode, part):
+    """A tensor beside the layers named like one of a layer's parts, in any layout: written, it made
+    a checkpoint load_checkpoint refuses (or whose activation scale it is), or a second tensor of
+    one name. Refused naming both, nothing written."""
+    t = make_tensors(layers=1, dtype=np.float32)
+    layers = _layers(t, mode, **({"global_scale": True} if mode == "nvfp4" and export != "mlx" else {}))
+    m = next(iter(layers))
+    plain = {**_plain(t, layers), f"{m}.{part}": np.ones([1], np.float32)}
+    with pytest.raises(ValueError, match=rf'"{re.escape(m)}\.{part}".*quantized layer "{re.escape(m)}"'):
+        microscale.save_checkpoint(tmp_path / "out", layers, plain, export=export)
     assert not os.path.exists(tmp_path / "out")
 
 

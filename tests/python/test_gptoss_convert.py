@@ -15,6 +15,7 @@ is installed.
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -378,4 +379,66 @@ def test_stacks_without_experts_are_refused(tmp_path, to):
     r = run("convert", d, "-o", tmp_path / "out", "--to", to)
     assert r.returncode == 1, r.stderr
     assert "_blocks\" holds no experts ([0, " in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def misfit_cases(t, prefix):
+    """(description, edit of the tensors {name: array}, tensor the error must name, expected shape
+    text) for gpt-oss expert tensors under `prefix` that do not fit together; `t` holds either the
+    float stacks [E, in, out] or their MXFP4 `_blocks` [E, out, in/32, 16] and `_scales`."""
+    mxfp4 = prefix + "gate_up_proj_blocks" in t
+    gu, dn = prefix + "gate_up_proj", prefix + "down_proj"
+    if mxfp4:
+        e, two_i, groups = t[gu + "_blocks"].shape[:3]
+        h = groups * 32
+    else:
+        e, h, two_i = t[gu].shape
+
+    def odd_gate_up(t):  # one more output column: 2I + 1
+        if mxfp4:
+            for suffix in ("_blocks", "_scales"):
+                t[gu + suffix] = np.concatenate([t[gu + suffix], t[gu + suffix][:, :1]], axis=1)
+        else:
+            t[gu] = np.concatenate([t[gu], t[gu][..., :1]], axis=2)
+
+    def bias_of_fewer_experts(t):
+        t[gu + "_bias"] = t[gu + "_bias"][:-1]
+
+    def bias_of_other_columns(t):
+        t[dn + "_bias"] = np.concatenate([t[dn + "_bias"], t[dn + "_bias"]], axis=1)
+
+    stack = gu + ("_blocks" if mxfp4 else "")
+    return [("odd gate_up_proj", odd_gate_up, stack, "[experts, hidden, 2 x intermediate]"),
+            ("gate_up_proj_bias of fewer experts", bias_of_fewer_experts, gu + "_bias", f"[{e}, {two_i}]"),
+            ("down_proj_bias of other columns", bias_of_other_columns, dn + "_bias", f"[{e}, {h}]")]
+
+
+@pytest.mark.parametrize("to", ["mlx", "compressed-tensors"])
+@pytest.mark.parametrize("case", range(3))
+def test_convert_refuses_expert_tensors_that_do_not_fit(tmp_path, to, case):
+    """A gate_up_proj of 2I + 1 rows used to lose its last row, a bias of other experts or columns
+    to be split all the same: refused, naming the tensor and the shape it must have."""
+    d = tmp_path / "src"
+    t = make_source(d, seed=16, canonical=True)
+    what, edit, culprit, want = misfit_cases(t, "model.layers.1.mlp.experts.")[case]
+    edit(t)
+    save_file(t, str(d / "model.safetensors"))
+    r = run("convert", d, "-o", tmp_path / "out", "--to", to)
+    assert r.returncode == 1, what
+    assert f'"{culprit}"' in r.stderr and f"expected {want}" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_quantize_for_mlx_refuses_expert_stacks_that_do_not_fit(tmp_path, case):
+    """The same from the float stacks, which quantize --export mlx splits."""
+    d = tmp_path / "src"
+    shutil.copytree(os.path.join(FIXTURES, "gpt_oss"), d)
+    t = load_all(d)
+    what, edit, culprit, want = misfit_cases(t, "model.layers.0.mlp.experts.")[case]
+    edit(t)
+    save_file(t, str(d / "model.safetensors"))
+    r = run("quantize", d, "-o", tmp_path / "out", "--format", "mxfp4", "--export", "mlx")
+    assert r.returncode == 1, what
+    assert f'"{culprit}"' in r.stderr and f"expected {want}" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()

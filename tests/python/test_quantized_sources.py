@@ -309,6 +309,36 @@ def test_damaged_fp8_sources_give_clear_errors(tmp_path, kind, what):
     assert not (tmp_path / "dq").exists() and not (tmp_path / "q").exists()
 
 
+def test_dequantize_reports_nan_and_inf_and_refuses_them_on_request(tmp_path):
+    """E4M3 NaN codes (0x7F) in an FP8 weight, and values past float16's 65504: dequantize used to
+    write them silently. It warns per tensor, and --nonfinite error refuses them, writing nothing."""
+    tensors, config, hf, _ = make_fp8("fp8-block")
+    q, k = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"
+    tensors[q + ".weight"].view(np.uint8)[3, 5:7] = 0x7F
+    tensors[k + ".weight_scale_inv"] = tensors[k + ".weight_scale_inv"] * np.float32(1e6)  # values up to ~1e6
+    write_dir(tmp_path / "src", tensors, config, hf)
+    run("dequantize", tmp_path / "src", "-o", tmp_path / "f32", "--dtype", "float32")
+    f32 = load_all(tmp_path / "f32")
+    big = int(np.sum(np.abs(f32[k + ".weight"]) >= 65520))  # those round to float16 infinity
+    assert big > 0 and np.isnan(f32[q + ".weight"]).sum() == 2
+    r = run("dequantize", tmp_path / "src", "-o", tmp_path / "dq", "--dtype", "float16")
+    assert f"{q}.weight has 2 non-finite values" in r.stderr, r.stderr
+    assert f"{k}.weight has {big} non-finite values" in r.stderr, r.stderr
+    got = load_all(tmp_path / "dq")
+    assert np.isnan(got[q + ".weight"]).sum() == 2 and np.isinf(got[k + ".weight"]).sum() == big
+    # float32 holds the large values: only the NaN are left to refuse.
+    r = run("dequantize", tmp_path / "src", "-o", tmp_path / "refused", "--dtype", "float32", "--nonfinite", "error",
+            ok=False)
+    assert r.returncode == 1 and f'tensor "{q}.weight" dequantizes to 2 NaN' in r.stderr, r.stderr
+    assert not (tmp_path / "refused").exists()
+    tensors[q + ".weight"].view(np.uint8)[3, 5:7] = 0
+    write_dir(tmp_path / "src", tensors, config, hf)
+    r = run("dequantize", tmp_path / "src", "-o", tmp_path / "refused", "--dtype", "float16", "--nonfinite", "error",
+            ok=False)
+    assert r.returncode == 1 and f'tensor "{k}.weight" dequantizes to {big} infinite' in r.stderr, r.stderr
+    assert "65504" in r.stderr and not (tmp_path / "refused").exists()
+
+
 # ---- gpt-oss MXFP4
 
 E, HIDDEN, INTER = 2, 64, 32  # gate_up: [E, 2 * INTER, HIDDEN / 32, 16]; down: [E, HIDDEN, INTER / 32, 16]
