@@ -95,6 +95,40 @@ struct Report {
   bool published = true;  // false for a split run's part that left publishing the output to another part
 };
 
+// What a run reads, so that nothing it writes lands on it: a checkpoint's shards, its index,
+// config.json and hf_quant_config.json, and the files options name (--hessians, --activation-amax).
+// The output directory (quantize, convert, dequantize) and the CLI's report files (--errors-csv,
+// eval's --csv and --svg) are checked against it before any work starts.
+class RunInputs {
+ public:
+  RunInputs() = default;
+  // The checkpoint at `model` (a model directory, an index .json or a .safetensors file; an index's
+  // shards are listed, not opened). A directory or an index also claims its whole directory: what
+  // it holds is the model's (tokenizer, generation config), and outputs copy it.
+  explicit RunInputs(const std::filesystem::path& model);
+  RunInputs(const std::filesystem::path& model, const Checkpoint& ck);  // `model` opened as `ck`
+  // The file an option names ("--hessians"); one that does not exist is skipped (reading it fails).
+  void add(const std::string& option, const std::filesystem::path& file);
+
+  // Throws Error naming `option` when writing the file `path` would destroy an input: `path` is an
+  // input file (the same file by any name, link or hard link) or lies in the model directory.
+  void check_output_file(const std::string& option, const std::filesystem::path& path) const;
+  // Throws Error when the output directory `dir` (written by swapping a whole directory into its
+  // place) is the model directory, or holds an input or the model directory.
+  void check_output_dir(const std::filesystem::path& dir) const;
+
+ private:
+  struct File {
+    std::string what;  // "shard 'm/model.safetensors'", "--hessians file 'h.safetensors'"
+    std::filesystem::path path;
+    std::uint64_t dev = 0, ino = 0;
+  };
+  void add_file(std::string what, const std::filesystem::path& file);
+  std::vector<File> files_;
+  std::filesystem::path dir_;  // the model directory, links resolved; empty for a single file
+  std::string dir_name_;       // as given, for messages
+};
+
 // One process of a quantize split across `count` processes (QuantizeOptions::part). Every part
 // plans the whole output from the source alone, writes every count-th output shard (those whose
 // position among the output shards is `index` mod `count`) into a staging directory
@@ -224,5 +258,9 @@ void save_checkpoint(const std::filesystem::path& out, const CheckpointData& dat
 // The default selection rule of quantize_checkpoint: a float 2-D "<m>.weight" of a projection;
 // returns "" when it would be quantized, else why not ("1-D", "embedding", "lm_head", ...).
 std::string why_kept(std::string_view name, const Shape& shape, StDType dtype);
+// The weights of the checkpoint at `model` that the default rule selects and that are GPT-2 style
+// Conv1D weights, stored [in, out] (transposed from Linear's [out, in]; config.json decides, as
+// for quantize_checkpoint): their quantization groups run along the first axis.
+std::vector<std::string> conv1d_weights(const std::filesystem::path& model);
 
 }  // namespace microscale::io

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -106,6 +107,16 @@ QuantSpec spec_from_format(const std::string& f) {
   return s;
 }
 
+// What a run on `model` reads, to check report paths against before the run starts. A model the
+// run cannot open is left to it: it refuses that with its own message before writing any report.
+io::RunInputs inputs_of(const std::string& model) {
+  try {
+    return io::RunInputs(model);
+  } catch (const Error&) {
+    return {};
+  }
+}
+
 std::map<std::string, float> read_amax_file(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw Error("cannot read --activation-amax file '" + path + "'");
@@ -124,41 +135,59 @@ std::map<std::string, float> read_amax_file(const std::string& path) {
   return m;
 }
 
+// A part as given, before its range is checked: 64-bit, so that no value of the text or the
+// environment can overflow on the way.
+struct PartNumbers {
+  std::int64_t index = 0, count = 0;
+};
+
+std::optional<std::int64_t> parse_int(std::string_view s) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
 // "I/N": part I (from 0) of N.
-std::optional<io::Part> parse_part(std::string_view text) {
+std::optional<PartNumbers> parse_part(std::string_view text) {
   const std::size_t slash = text.find('/');
   if (slash == std::string_view::npos) return std::nullopt;
-  io::Part p;
-  for (auto [s, v] : {std::pair{text.substr(0, slash), &p.index}, std::pair{text.substr(slash + 1), &p.count}}) {
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
-    if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
-  }
-  return p;
+  const auto i = parse_int(text.substr(0, slash)), n = parse_int(text.substr(slash + 1));
+  if (!i || !n) return std::nullopt;
+  return PartNumbers{*i, *n};
+}
+
+// A launcher's variable: unset, or a rank, size or task id, an integer 0 to INT_MAX (refused
+// otherwise, naming the variable).
+std::optional<std::int64_t> launcher_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return std::nullopt;
+  const std::optional<std::int64_t> x = parse_int(v);
+  if (!x || *x < 0 || *x > std::numeric_limits<int>::max())
+    throw Error(std::string("--part auto: ") + name + "='" + v + "' is not a rank, size or task id (an integer 0 to " +
+                std::to_string(std::numeric_limits<int>::max()) + "); give --part I/N");
+  return x;
 }
 
 // The rank and size a launcher gives each process: Open MPI's mpirun, MPICH-style PMI (Intel MPI,
 // srun --mpi=pmi2), srun's tasks, then a Slurm job array's tasks.
-io::Part part_from_launcher() {
-  auto env = [](const char* k) { return std::getenv(k); };
-  auto read = [&](const char* rank, const char* size, int offset = 0) -> std::optional<io::Part> {
-    const char* r = env(rank);
-    const char* n = env(size);
+PartNumbers part_from_launcher() {
+  auto read = [](const char* rank, const char* size, std::int64_t offset = 0) -> std::optional<PartNumbers> {
+    const std::optional<std::int64_t> r = launcher_int(rank), n = launcher_int(size);
     if (!r && !n) return std::nullopt;
     if (!r || !n)
       throw Error(std::string("--part auto: ") + (r ? rank : size) + " is set but " + (r ? size : rank) +
                   " is not; give --part I/N");
-    const auto p = parse_part(std::string(r) + "/" + n);
-    if (!p) throw Error(std::string("--part auto: ") + rank + "=" + r + " and " + size + "=" + n + " are not numbers");
-    return io::Part{p->index - offset, p->count};
+    return PartNumbers{*r - offset, *n};
   };
   if (auto p = read("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) return *p;
   if (auto p = read("PMI_RANK", "PMI_SIZE")) return *p;
-  const char* ntasks = env("SLURM_NTASKS");
+  const char* ntasks = std::getenv("SLURM_NTASKS");
   if (ntasks && std::string_view(ntasks) != "1")
     if (auto p = read("SLURM_PROCID", "SLURM_NTASKS")) return *p;
-  if (env("SLURM_ARRAY_TASK_ID")) {
-    const char* min = env("SLURM_ARRAY_TASK_MIN");
-    if (auto p = read("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", min ? std::atoi(min) : 0)) return *p;
+  if (std::getenv("SLURM_ARRAY_TASK_ID")) {
+    const std::int64_t min = launcher_int("SLURM_ARRAY_TASK_MIN").value_or(0);
+    if (auto p = read("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", min)) return *p;
   }
   if (auto p = read("SLURM_PROCID", "SLURM_NTASKS")) return *p;
   throw Error(
@@ -167,19 +196,19 @@ io::Part part_from_launcher() {
 }
 
 io::Part part_option(const std::string& text) {
-  const std::optional<io::Part> p = text == "auto" ? part_from_launcher() : parse_part(text);
+  const std::optional<PartNumbers> p = text == "auto" ? part_from_launcher() : parse_part(text);
   const std::string what = text == "auto" ? "--part auto (from the launcher: " : "--part " + text + " (";
   if (!p)
     throw Error("--part " + text +
                 ": expected I/N, this process's part (from 0) and the number of parts, e.g. 0/4, or auto");
-  if (p->count < 1)
-    throw Error(what + "part " + std::to_string(p->index) + " of " + std::to_string(p->count) +
-                "): the number of parts must be at least 1");
+  const std::string part = "part " + std::to_string(p->index) + " of " + std::to_string(p->count) + "): ";
+  if (p->count < 1 || p->count > std::numeric_limits<int>::max())
+    throw Error(what + part + "the number of parts must be at least 1 and at most " +
+                std::to_string(std::numeric_limits<int>::max()));
   if (p->index < 0 || p->index >= p->count)
-    throw Error(what + "part " + std::to_string(p->index) + " of " + std::to_string(p->count) +
-                "): the part must be 0 to " + std::to_string(p->count - 1) +
+    throw Error(what + part + "the part must be 0 to " + std::to_string(p->count - 1) +
                 (text == "auto" ? "; a Slurm array must be contiguous (--array=0-N or 1-N)" : ""));
-  return *p;
+  return io::Part{static_cast<int>(p->index), static_cast<int>(p->count)};
 }
 
 }  // namespace
@@ -195,8 +224,9 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
       double gptq_damp = 0.01;
       int gptq_block_size = 128;
       std::vector<std::string> exclude, include;
-      int group = 0;
+      std::optional<int> group;
       bool force = false, w4a4 = false, errors = false, separate = false, scale_2d = false;
+      std::vector<const CLI::Option*> gptq_options;  // meaningful with --hessians only
     };
     auto o = std::make_shared<O>();
     CLI::App* c = app.add_subcommand("quantize", "quantize the projection weights of a Hugging Face style checkpoint");
@@ -222,9 +252,12 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_option("--hessians", o->hessians,
                   "safetensors file of H = X^T X per layer ([K, K] F32/F64, named by module or weight name): "
                   "GPTQ for those layers, round to nearest for the others (docs/numerics.md)");
-    c->add_option("--gptq-damp", o->gptq_damp, "GPTQ dampening, a fraction of H's mean diagonal")
-        ->capture_default_str();
-    c->add_option("--gptq-block-size", o->gptq_block_size, "GPTQ columns per lazy batch")->capture_default_str();
+    o->gptq_options = {
+        c->add_option("--gptq-damp", o->gptq_damp, "GPTQ dampening, a fraction of H's mean diagonal (with --hessians)")
+            ->capture_default_str(),
+        c->add_option("--gptq-block-size", o->gptq_block_size,
+                      "GPTQ columns per lazy batch, a multiple of the group size (with --hessians)")
+            ->capture_default_str()};
     c->add_flag("--scale-2d", o->scale_2d,
                 "nvfp4: one block scale per 16x16 weight tile (the training recipe's 2D scaling); standard bytes");
     c->add_option("--nonfinite", o->nonfinite,
@@ -237,7 +270,9 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_flag("--w4a4", o->w4a4, "demand a W4A4 config (refused unless --activation-amax covers every layer)");
     c->add_flag("--separate-fused-scales", o->separate, "do not share one global scale across q/k/v and gate/up");
     c->add_flag("--errors", o->errors, "measure and print each layer's relative error and SQNR");
-    c->add_option("--errors-csv", o->errors_csv, "also write the per-layer errors to this CSV (implies --errors)");
+    c->add_option("--errors-csv", o->errors_csv,
+                  "also write the per-layer errors to this CSV (implies --errors); refused when it is a file the "
+                  "run reads or lies in the model directory");
     c->add_flag("-f,--force", o->force, "write into a non-empty output directory");
     c->add_option("--part", o->part,
                   "I/N: this process writes every N-th output shard (I from 0) of a run split over N processes, "
@@ -246,16 +281,31 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     cmds.push_back(
         {c, [o] {
            run_interruptible(o->out, [&] {
+             if (!o->errors_csv.empty()) {  // before anything is read: a report never replaces an input
+               io::RunInputs inputs = inputs_of(o->in);
+               if (!o->hessians.empty()) inputs.add("--hessians", o->hessians);
+               if (!o->amax_file.empty()) inputs.add("--activation-amax", o->amax_file);
+               check_report_paths({{"--errors-csv", o->errors_csv}}, inputs, o->out);
+             }
              io::QuantizeOptions opt;
              if (!o->part.empty()) opt.part = part_option(o->part);
              opt.spec = spec_from_format(o->format);
-             if (o->group) opt.spec.group_size = o->group;
+             if (o->group) {
+               if (*o->group < 1)
+                 throw Error("--group-size " + std::to_string(*o->group) +
+                             " is no group size (affine: 32, 64 or 128; nvfp4: 16; mxfp4, mxfp8: 32); leave the "
+                             "option out for the format's default");
+               opt.spec.group_size = *o->group;
+             }
              if (!o->scale_rule.empty()) {
                opt.spec.scale_rule = scale_rule_from_name(o->scale_rule);
                opt.scale_rule_set = true;
              }
              opt.spec.nonfinite = nonfinite_from_name(o->nonfinite);
              opt.spec.scale_search = scale_search_from_name(o->scale_search);
+             for (const CLI::Option* g : o->gptq_options)
+               if (g->count() > 0 && o->hessians.empty())
+                 throw Error(g->get_name() + " tunes GPTQ, which only --hessians turns on; give --hessians too");
              opt.hessians = o->hessians;
              opt.gptq = GptqOptions{o->gptq_damp, o->gptq_block_size};
              opt.spec.scale_2d = o->scale_2d;
@@ -272,7 +322,6 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              ProgressBar bar("quantize");
              opt.progress = interruptible(bar.callback());
              const auto t0 = std::chrono::steady_clock::now();
-             if (!o->errors_csv.empty()) check_output_path("--errors-csv", o->errors_csv);  // before the work
              const io::Report r = io::quantize_checkpoint(o->in, o->out, opt);
              bar.finish();
              std::printf("%s %s -> %s (%s)\n", o->format.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));

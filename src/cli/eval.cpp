@@ -220,9 +220,23 @@ void print_table_header() {
   std::fflush(stdout);
 }
 
-// The projection weights of a model directory, one tensor at a time.
+// A 2-D float matrix, transposed: a GPT-2 Conv1D weight [in, out] as a Linear one [out, in].
+Tensor transposed(const TensorView& x) {
+  const auto rows = static_cast<std::size_t>(x.shape[0]), cols = static_cast<std::size_t>(x.shape[1]);
+  const std::size_t size = dtype_size(x.dtype);
+  Tensor t = Tensor::uninitialized(x.dtype, {x.shape[1], x.shape[0]});
+  const auto* from = static_cast<const std::byte*>(x.data);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c)
+      std::memcpy(t.bytes() + (c * rows + r) * size, from + (r * cols + c) * size, size);
+  return t;
+}
+
+// The projection weights of a model directory, one tensor at a time, each with its groups along
+// its input dimension (quantize's rule: GPT-2 Conv1D weights, stored [in, out], are transposed).
 std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::string>& modes) {
   const io::Checkpoint ck = io::Checkpoint::open(opt.model_dir);
+  const std::vector<std::string> conv1d = io::conv1d_weights(opt.model_dir);
   std::vector<std::string> names;
   std::uint64_t bytes = 0;
   std::int64_t total = 0;
@@ -260,6 +274,10 @@ std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::s
       storage = t.copy();
       x = storage.view();
     }
+    if (std::find(conv1d.begin(), conv1d.end(), n) != conv1d.end()) {
+      storage = transposed(x);
+      x = storage.view();
+    }
     const std::vector<float> v = values_of(x);
     const double energy = energy_of(v);
     if (const auto k = std::count_if(v.begin(), v.end(), [](float f) { return !std::isfinite(f); }); k > 0) {
@@ -268,7 +286,7 @@ std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::s
     }
     for (const std::string& name : modes) {
       const EvalMode& m = *find_mode(name);
-      if (t.shape[1] % resolve(m.spec).group_size != 0) {
+      if (x.shape[1] % resolve(m.spec).group_size != 0) {
         ++skipped[name];
         continue;
       }
@@ -289,6 +307,9 @@ std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::s
   for (const auto& [name, k] : skipped)
     std::printf("note: %s skipped %zu weight(s) whose K is not a multiple of its group size\n", name.c_str(), k);
   print_nonfinite_note(nonfinite, nonfinite_tensors);
+  if (!conv1d.empty())
+    std::printf("note: %zu GPT-2 Conv1D weight(s) stored [in, out] (%s, ...) scored along their input dimension\n",
+                conv1d.size(), conv1d.front().c_str());
   return rows;
 }
 
@@ -327,11 +348,11 @@ void validate(const EvalOptions& opt) {
   if (opt.repeats < 1) throw Error("--repeats must be at least 1, got " + std::to_string(opt.repeats));
   if (!is_float(opt.dtype)) throw Error(std::string("--dtype must be a float type, got ") + dtype_name(opt.dtype));
   if (!is_float(opt.out)) throw Error(std::string("--out must be a float type, got ") + dtype_name(opt.out));
-  if (!opt.csv.empty()) check_output_path("--csv", opt.csv);
-  if (!opt.svg.empty()) check_output_path("--svg", opt.svg);
-  if (!opt.csv.empty() && !opt.svg.empty() &&
-      fs::weakly_canonical(fs::absolute(opt.csv)) == fs::weakly_canonical(fs::absolute(opt.svg)))
-    throw Error("--csv and --svg name the same file '" + opt.csv + "'");
+  std::vector<ReportPath> reports;
+  if (!opt.csv.empty()) reports.push_back({"--csv", opt.csv});
+  if (!opt.svg.empty()) reports.push_back({"--svg", opt.svg});
+  if (!reports.empty())
+    check_report_paths(reports, opt.model_dir.empty() ? io::RunInputs() : io::RunInputs(opt.model_dir));
   for (const std::string& name : opt.modes) {
     if (!find_mode(name)) throw Error("unknown mode '" + name + "'; modes: " + join(mode_names()));
     if (std::count(opt.modes.begin(), opt.modes.end(), name) > 1) throw Error("mode '" + name + "' is listed twice");

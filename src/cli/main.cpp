@@ -16,13 +16,30 @@
 
 namespace {
 
-// A comma-separated list option: "a,b" and "a, b" give two items, empty items are dropped and each
-// use takes one argument (a following word stays the MODEL_DIR).
-CLI::Option* comma_list(CLI::Option* o) {
-  return o->delimiter(',')->allow_extra_args(false)->transform([](std::string item) {
-    std::erase(item, ' ');
-    return item;
-  });
+// A comma-separated list option: each use takes one argument (a following word stays the
+// MODEL_DIR), split by comma_items after parsing. CLI11 does not split it: it drops an argument of
+// commas alone and takes the next word (`--modes ,,, --rows 8` read "--rows" as a mode).
+CLI::Option* comma_list(CLI::Option* o) { return o->allow_extra_args(false); }
+
+// The items of comma_list option `o`'s arguments: "a,b" and "a, b" give two, empty items are
+// dropped; given with none at all (`--modes ""`, `--modes ,`) is refused, naming the option.
+std::vector<std::string> comma_items(const CLI::Option* o, const std::vector<std::string>& args) {
+  std::vector<std::string> items;
+  for (const std::string& arg : args) {
+    std::string item;
+    for (const char c : arg + ",") {
+      if (c != ',') {
+        if (c != ' ') item += c;
+      } else if (!item.empty()) {
+        items.push_back(std::move(item));
+        item.clear();
+      }
+    }
+  }
+  if (o->count() > 0 && items.empty())
+    throw microscale::Error(o->get_name() + " '" + (args.empty() ? "" : args.front()) +
+                            "' names nothing; give a comma-separated list, or leave the option out for all");
+  return items;
 }
 
 // Parses and runs one command; errors other than a command-line one propagate to main.
@@ -46,9 +63,10 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   std::string mode_help = "comma-separated modes (default: all):";
   for (const cli::EvalMode& m : cli::eval_modes()) mode_help += " " + m.name;
-  comma_list(eval->add_option("--modes", opt.modes, mode_help));
-  comma_list(
-      eval->add_option("--matrices", opt.matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)"));
+  std::vector<std::string> modes, matrices;
+  const CLI::Option* modes_option = comma_list(eval->add_option("--modes", modes, mode_help));
+  const CLI::Option* matrices_option = comma_list(
+      eval->add_option("--matrices", matrices, "comma-separated matrices (default: gaussian,student-t3,outliers)"));
   eval->add_option("--dtype", dtype, "dtype the weights are stored in: float32, bfloat16, float16")
       ->capture_default_str();
   eval->add_option("--out", out, "dequantize output dtype: float32, bfloat16, float16")->capture_default_str();
@@ -57,8 +75,9 @@ int run(int argc, char** argv) {
   opt.csv = "microscale-eval.csv";
   opt.svg = "microscale-eval.svg";
   bool no_files = false;
-  eval->add_option("--csv", opt.csv, "write the table as CSV to this file")->capture_default_str();
-  eval->add_option("--svg", opt.svg, "plot relative error against bits per value (one point per format) to this SVG")
+  eval->add_option("--csv", opt.csv, "write the table as CSV to this file (not in MODEL_DIR)")->capture_default_str();
+  eval->add_option("--svg", opt.svg,
+                   "plot relative error against bits per value (one point per format) to this SVG (not in MODEL_DIR)")
       ->capture_default_str();
   // The plot was a PNG before it became SVG: an old command line gets told what to write instead.
   CLI::Option* png = eval->add_option("--png")->expected(0, 1)->group("");
@@ -96,8 +115,8 @@ int run(int argc, char** argv) {
   }
   if (png->count() > 0)
     throw microscale::Error("--png was replaced by --svg: eval writes its plot as SVG now; use --svg FILE");
-  std::erase(opt.modes, std::string());  // an item of spaces only
-  std::erase(opt.matrices, std::string());
+  opt.modes = comma_items(modes_option, modes);
+  opt.matrices = comma_items(matrices_option, matrices);
   opt.dtype = microscale::dtype_from_name(dtype);
   opt.out = microscale::dtype_from_name(out);
   if (!backend.empty()) {

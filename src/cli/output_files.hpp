@@ -1,6 +1,7 @@
 // The files the CLI writes (--csv, --svg, --errors-csv): their paths are checked before any work
-// starts, and they are written atomically, so a failed run leaves neither a partial file nor a
-// stray one that looks like a result.
+// starts, against each other, the output directory and the run's inputs, and they are written
+// atomically, so a failed run leaves neither a partial file nor a stray one that looks like a
+// result, and never replaces an input.
 #pragma once
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "microscale/checkpoint.hpp"
 #include "microscale/microscale.hpp"
 
 namespace microscale::cli {
@@ -33,6 +35,33 @@ inline void check_output_path(const std::string& option, const std::string& path
   if (!fs::is_directory(dir, ec)) throw Error(what + ": directory '" + dir.string() + "' does not exist");
   if (::access(dir.c_str(), W_OK) != 0)
     throw Error(what + ": directory '" + dir.string() + "' is not writable (" + std::strerror(errno) + ")");
+}
+
+struct ReportPath {
+  std::string option;  // "--errors-csv"
+  std::string path;
+};
+
+// check_output_path for each report, then: none is one of the run's `inputs` or lies in its model
+// directory, none is the output directory `out_dir` (when given), and no two name the same file.
+inline void check_report_paths(const std::vector<ReportPath>& reports, const io::RunInputs& inputs,
+                               const std::string& out_dir = {}) {
+  namespace fs = std::filesystem;
+  // Where a path points, links resolved; "out/" and "out" are one place.
+  auto place = [](const std::string& p) {
+    fs::path a = fs::weakly_canonical(fs::absolute(p));
+    return a.filename().empty() ? a.parent_path() : a;
+  };
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    const ReportPath& r = reports[i];
+    check_output_path(r.option, r.path);
+    inputs.check_output_file(r.option, r.path);
+    if (!out_dir.empty() && place(r.path) == place(out_dir))
+      throw Error(r.option + " '" + r.path + "' is the output directory (-o); give the report its own file name");
+    for (std::size_t j = 0; j < i; ++j)
+      if (place(r.path) == place(reports[j].path))
+        throw Error(reports[j].option + " and " + r.option + " name the same file '" + r.path + "'");
+  }
 }
 
 struct OutputFile {

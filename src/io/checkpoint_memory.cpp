@@ -120,7 +120,7 @@ void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention
   check_output_names(names);
   Json config =
       data.config_json.empty() ? Json::object() : detail::parse_json(data.config_json, "config_json", "config", 256);
-  Staging st({}, out, force);
+  Staging st(RunInputs{}, out, force);
   save_safetensors(st.dir() / "model.safetensors", all,
                    Metadata{{"format", lay.shard_format ? lay.shard_format : "pt"}});
   Json hf = apply_config(config, to, meta);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,6 +27,12 @@ using Json = nlohmann::ordered_json;
 // path, what it is, and `expected` ("a .safetensors file").
 void require_regular_file(const std::filesystem::path& path, const std::string& expected);
 
+// Where a file written at `path` lands: its directory with links resolved, and its own name (a
+// link of that name is replaced, not followed).
+std::filesystem::path landing(const std::filesystem::path& path);
+// Whether `p` is `dir` or lies below it (both absolute and normal).
+bool inside(const std::filesystem::path& dir, const std::filesystem::path& p);
+
 // A name as it appears in messages: JSON-quoted (control bytes escaped), long names shortened.
 std::string quote(std::string_view s);
 
@@ -41,10 +48,11 @@ std::string build_header(const std::vector<StEntry>& entries, const Metadata& me
                          std::vector<std::uint64_t>* sizes = nullptr);
 
 // A file written to `<path>.tmp.<pid>` and renamed onto `path` by commit(); the destructor (or
-// abort()) removes the temporary file when commit() did not happen.
+// abort()) removes the temporary file when commit() did not happen. Its permission bits are
+// `mode` (a copy keeps its source's), else 0644 less the umask.
 class AtomicFile {
  public:
-  explicit AtomicFile(std::filesystem::path path);
+  explicit AtomicFile(std::filesystem::path path, std::optional<unsigned> mode = std::nullopt);
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   ~AtomicFile();

@@ -1,7 +1,13 @@
 // The model directory around a checkpoint: opening it with its config.json, copying its other
 // files into an output, and matching module names against the user's patterns.
+#include <fcntl.h>
 #include <fnmatch.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -29,6 +35,52 @@ bool is_other_weights(const fs::path& rel) {
   return f.find(".tmp.") != std::string::npos;  // a crashed writer's leftovers
 }
 
+// Whether `dir` holds safetensors weights (or their index) directly.
+bool holds_weights(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.ends_with(".safetensors") || f.ends_with(".safetensors.index.json")) return true;
+  }
+  return false;
+}
+
+// Where the links of model directory `dir` may lead: into `dir` itself (links resolved), or, for a
+// folder of a Hugging Face cache snapshot (models--<org>--<name>/snapshots/<revision>/...), into
+// that repository, whose snapshot files are links into its blobs/ folder.
+fs::path link_root(const fs::path& dir) {
+  std::error_code ec;
+  fs::path real = fs::canonical(dir, ec);
+  if (ec) real = fs::absolute(dir).lexically_normal();
+  for (fs::path p = real; p.has_relative_path(); p = p.parent_path()) {
+    const fs::path snapshots = p.parent_path(), repo = snapshots.parent_path();
+    if (snapshots.filename() == "snapshots" && repo.filename().string().starts_with("models--")) return repo;
+  }
+  return real;
+}
+
+// Copies the regular file `from` to `to` atomically with its permission bits. Opened without
+// following a link (the caller resolved it) and without blocking (a FIFO swapped in is refused).
+void copy_file_keeping_mode(const fs::path& from, const fs::path& to, std::vector<std::byte>& buf) {
+  const int fd = ::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw Error(from.string() + ": cannot read: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error(from.string() + ": not a regular file any more");
+  detail::AtomicFile dst(to, static_cast<unsigned>(st.st_mode & 0777));
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(from.string() + ": read error: " + std::strerror(errno));
+    if (n == 0) break;
+    dst.write(std::span(buf.data(), static_cast<std::size_t>(n)));
+  }
+  dst.commit();
+}
+
 }  // namespace
 
 Input open_input(const fs::path& path) {
@@ -51,6 +103,7 @@ Input open_input(const fs::path& path) {
            nullptr,
            false,
            {},
+           {},
            {}};
   in.indexed = dir ? fs::exists(path / "model.safetensors.index.json", ec) : path.extension() == ".json";
   in.index_name = dir ? fs::path("model.safetensors.index.json") : path.filename();
@@ -60,6 +113,7 @@ Input open_input(const fs::path& path) {
   const fs::path base = fs::absolute(in.dir).lexically_normal();
   for (const fs::path& s : in.ck.shards())
     in.shard_rel.push_back(fs::absolute(s).lexically_normal().lexically_relative(base));
+  in.inputs = RunInputs(path, in.ck);
   const fs::path cfg = in.dir / "config.json";
   if (fs::exists(cfg, ec)) {
     detail::require_regular_file(cfg, "the model's config.json");
@@ -80,43 +134,64 @@ void write_text_atomic(const fs::path& path, const std::string& text) {
 }
 
 std::vector<std::string> copy_other_files(const fs::path& in_dir, const fs::path& out) {
-  std::vector<std::string> skipped;
+  std::vector<std::string> other_weights, models, links;
   std::error_code ec;
   const fs::path out_abs = fs::absolute(out).lexically_normal();
-  std::vector<char> buf(1 << 20);
+  const fs::path root = link_root(in_dir);
+  std::vector<std::byte> buf(1 << 20);
   for (auto it = fs::recursive_directory_iterator(in_dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
     const fs::path rel = it->path().lexically_relative(in_dir);
     const std::string top = rel.begin()->string();
-    if (it->is_directory()) {
-      // The output may sit inside the input; version-control and cache folders are not the model.
-      if (fs::equivalent(it->path(), out_abs, ec) || top == ".git" || top == ".cache") it.disable_recursion_pending();
+    fs::path from = it->path();
+    if (it->is_symlink()) {
+      // Copied by content only when the link stays in the model's folder (root): one that leads
+      // out would publish whatever it points at (a key, another user's file).
+      std::error_code lec;
+      const fs::path target = fs::canonical(from, lec);
+      if (lec || !detail::inside(root, target) || !fs::is_regular_file(target, lec)) {
+        const fs::path to = fs::read_symlink(from, lec);
+        links.push_back(rel.string() + " -> " + to.string());
+        continue;
+      }
+      from = target;
+    } else if (it->is_directory()) {
+      // The output may sit inside the input; version-control and cache folders are not the model,
+      // nor are staging directories (".<out>.tmp.<pid>", ".<out>.tmp.parts").
+      std::error_code dec;
+      if (fs::equivalent(it->path(), out_abs, dec) || top == ".git" || top == ".cache" ||
+          rel.filename().string().find(".tmp.") != std::string::npos) {
+        it.disable_recursion_pending();
+      } else if (holds_weights(it->path())) {
+        // Another model (an earlier output, say): its weights are not copied, so its
+        // config.json without them would be a model that does not load.
+        models.push_back(rel.string() + "/");
+        it.disable_recursion_pending();
+      }
       continue;
     }
-    if (!it->is_regular_file() || is_checkpoint_file(rel)) continue;
+    std::error_code fec;
+    if (!fs::is_regular_file(from, fec) || is_checkpoint_file(rel)) continue;
     if (is_other_weights(rel)) {
-      skipped.push_back(rel.string());
+      other_weights.push_back(rel.string());
       continue;
     }
     fs::create_directories((out / rel).parent_path());
-    std::ifstream src(it->path(), std::ios::binary);
-    if (!src) throw Error(it->path().string() + ": cannot read");
-    detail::AtomicFile dst(out / rel);
-    while (src) {
-      src.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      dst.write(std::as_bytes(std::span(buf.data(), static_cast<std::size_t>(src.gcount()))));
-    }
-    if (src.bad()) throw Error(it->path().string() + ": read error");
-    dst.commit();
+    copy_file_keeping_mode(from, out / rel, buf);
   }
   if (ec) throw Error(in_dir.string() + ": cannot list: " + ec.message());
   std::vector<std::string> notes;
-  if (!skipped.empty()) {
-    std::string list;
-    for (std::size_t i = 0; i < skipped.size() && i < 5; ++i) list += (i ? ", " : "") + skipped[i];
-    if (skipped.size() > 5) list += ", ...";
-    notes.push_back("not copied (other weight formats, which would be stale): " + list);
-  }
+  auto note = [&](const std::string& what, std::vector<std::string>& list) {
+    if (list.empty()) return;
+    std::sort(list.begin(), list.end());
+    std::string text;
+    for (std::size_t i = 0; i < list.size() && i < 5; ++i) text += (i ? ", " : "") + list[i];
+    if (list.size() > 5) text += ", ... (" + std::to_string(list.size()) + " in all)";
+    notes.push_back("not copied (" + what + "): " + text);
+  };
+  note("other weight formats, which would be stale", other_weights);
+  note("folders holding a model of their own, such as an earlier output", models);
+  note("symbolic links that lead out of " + root.string() + ", to a folder or to nothing", links);
   return notes;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "io/detail.hpp"
+#include "microscale/checkpoint.hpp"
 
 namespace microscale::io::ck {
 
@@ -19,6 +20,7 @@ struct Input {
   bool indexed = false;             // a model.safetensors.index.json was given or found
   fs::path index_name;              // its file name
   std::vector<fs::path> shard_rel;  // each shard relative to dir
+  RunInputs inputs;                 // every file the run reads, refused as an output
 };
 Input open_input(const fs::path& path);
 

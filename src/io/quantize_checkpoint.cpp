@@ -19,25 +19,6 @@ namespace {
 
 using namespace ck;
 
-// GPT-2's Conv1D layers store their weight [in, out], transposed from Linear's [out, in]:
-// quantized as stored, groups would run along the output axis. Names alone are not enough
-// (GPT-BigCode uses the same names for Linear layers), so the config decides when it names the
-// model type.
-bool conv1d_weight(const Json& config, const std::string& module) {
-  const std::string last = module.substr(module.rfind('.') + 1);
-  if (last != "c_attn" && last != "c_fc" && last != "c_proj" && last != "q_attn") return false;
-  if (!config.is_object()) return true;
-  if (auto a = config.find("architectures"); a != config.end() && a->is_array())
-    for (const Json& arch : *a)
-      if (arch.is_string())
-        for (const char* p : {"GPT2", "OpenAIGPT", "ImageGPT", "DecisionTransformer"})
-          if (arch.get<std::string>().rfind(p, 0) == 0) return true;
-  const auto t = config.find("model_type");
-  if (t == config.end() || !t->is_string()) return true;
-  const std::string type = t->get<std::string>();
-  return type == "gpt2" || type == "openai-gpt" || type == "imagegpt" || type == "decision_transformer";
-}
-
 // The reason reported for a weight-like tensor left in high precision.
 std::string kept_reason(Keep k, const std::string& name, const Shape& shape, StDType dtype, int group,
                         const LayoutOps& lay, bool gptoss) {
@@ -303,7 +284,8 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
   if (opt.part.count < 1 || opt.part.index < 0 || opt.part.index >= opt.part.count)
     throw Error("part " + std::to_string(opt.part.index) + " of " + std::to_string(opt.part.count) +
                 ": the number of parts must be at least 1 and the part 0 to one less");
-  const Input in = open_complete(in_path);
+  Input in = open_complete(in_path);
+  if (!opt.hessians.empty()) in.inputs.add("--hessians", opt.hessians);
   const Detected det = detect(in.ck, in.config);
   if (!det.layers.empty())
     throw Error(in_path.string() + " is already quantized (" + det.convention_name() +
@@ -499,6 +481,14 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
   std::optional<SafetensorsFile> hessian_file;
   std::map<std::string, const StTensor*> hessians;
   if (!opt.hessians.empty()) {
+    // Checked here, before any layer is written, rather than by the first GPTQ call.
+    if (!(opt.gptq.damp >= 0) || !std::isfinite(opt.gptq.damp))
+      throw Error("--gptq-damp " + fmt_float(opt.gptq.damp) +
+                  ": the dampening is a fraction of H's mean diagonal, a finite number >= 0");
+    if (opt.gptq.block_size < 1 || opt.gptq.block_size % base.group_size != 0)
+      throw Error("--gptq-block-size " + std::to_string(opt.gptq.block_size) +
+                  ": GPTQ's column batches must be a positive multiple of the group size " +
+                  std::to_string(base.group_size));
     if (base.scale_search != ScaleSearch::none)
       throw Error("--hessians (GPTQ) does not combine with --scale-search " + std::string(name(base.scale_search)) +
                   "; GPTQ chooses the codes itself");

@@ -98,7 +98,9 @@ Checkpoint::~Checkpoint() = default;
 Checkpoint Checkpoint::open(const fs::path& path) {
   fs::path p = path;
   std::error_code ec;
+  bool single_too = false;  // a directory holding both an index and model.safetensors
   if (fs::is_directory(p, ec)) {
+    single_too = fs::exists(p / "model.safetensors", ec);
     if (fs::exists(p / "model.safetensors.index.json", ec))
       p /= "model.safetensors.index.json";
     else if (fs::exists(p / "model.safetensors", ec))
@@ -152,6 +154,9 @@ Checkpoint Checkpoint::open(const fs::path& path) {
       if (!is_contained(fs::path(f)))
         fail(s.source,
              "shard " + quote(f) + " for tensor " + quote(name) + " is not a relative path inside the index directory");
+      if (!f.ends_with(".safetensors"))
+        fail(s.source, "weight_map maps tensor " + quote(name) + " to " + quote(f) +
+                           ", which is not a .safetensors file (shards are named *.safetensors)");
       fs::path shard = dir / f;
       if (!fs::is_regular_file(shard, ec))
         fail(s.source, "tensor " + quote(name) + " maps to missing shard file " + quote(shard.string()));
@@ -159,6 +164,14 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     }
     s.names.push_back(name);
   }
+  // Which of the two is the model? transformers loads model.safetensors, this reader the index.
+  const fs::path single = (dir / "model.safetensors").lexically_normal();
+  if (single_too &&
+      std::none_of(s.shards.begin(), s.shards.end(), [&](const fs::path& f) { return f.lexically_normal() == single; }))
+    fail(dir.string(),
+         "holds both model.safetensors and model.safetensors.index.json, whose weight_map does not list it: "
+         "transformers would load model.safetensors, other tools the index's shards. Delete the stale one, or "
+         "pass the file you mean (the .safetensors file or the index) instead of the directory");
   // names no longer reallocates, so views into it are stable.
   std::size_t i = 0;
   for (auto& [name, file] : wm->items()) s.shard_index.emplace(s.names[i++], file_no.at(file.get<std::string>()));

@@ -6,9 +6,12 @@
 
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <set>
 #include <sstream>
 
 #include "io/layer.hpp"
@@ -69,8 +72,10 @@ void carry_over(const fs::path& from, const fs::path& to, bool top) {
 
 // The output as it will be written, checked: not a file, not the input, and (unless `force`) empty;
 // `replace` says whether a directory is there to be swapped out.
-fs::path checked_output(const fs::path& in_dir, const fs::path& out, bool force, bool& replace) {
+fs::path checked_output(const RunInputs& inputs, const fs::path& out, bool force, bool& replace) {
   std::error_code ec;
+  // absolute("") is the working directory, which --force would replace.
+  if (out.empty()) throw Error("the output directory is an empty path; name the directory to write");
   fs::path o = fs::absolute(out).lexically_normal();
   if (o.filename().empty()) o = o.parent_path();  // "out/" names "out"
   if (fs::is_symlink(o, ec)) {                    // replace the target, keep the link
@@ -81,8 +86,7 @@ fs::path checked_output(const fs::path& in_dir, const fs::path& out, bool force,
   replace = false;
   if (fs::exists(o, ec)) {
     if (!fs::is_directory(o, ec)) throw Error("output " + out.string() + " exists and is not a directory");
-    if (!in_dir.empty() && fs::equivalent(in_dir, o, ec))
-      throw Error("output directory " + out.string() + " is the input directory; choose another");
+    inputs.check_output_dir(out);
     if (!fs::is_empty(o, ec)) {
       if (!force) throw Error("output directory " + out.string() + " is not empty (use --force to overwrite)");
       // The whole directory is replaced: only ever a model directory, never a home or a project.
@@ -107,30 +111,49 @@ fs::path parts_dir(const fs::path& out) {
   name += ".tmp.parts";
   return out.parent_path() / name;
 }
+constexpr std::string_view kDonePrefix = ".microscale-part-", kDoneSuffix = "-done";
 fs::path done_marker(const fs::path& dir, int index) {
-  return dir / (".microscale-part-" + std::to_string(index) + "-done");
+  return dir / (std::string(kDonePrefix) + std::to_string(index) + std::string(kDoneSuffix));
+}
+
+// The parts of `count` marked done in `dir`, from its listing: the work is bounded by the files
+// there, not by the part count, which may be anything up to INT_MAX.
+std::set<int> done_parts(const fs::path& dir, int count) {
+  std::set<int> done;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (!f.starts_with(kDonePrefix) || !f.ends_with(kDoneSuffix)) continue;
+    const std::string digits = f.substr(kDonePrefix.size(), f.size() - kDonePrefix.size() - kDoneSuffix.size());
+    int i = -1;
+    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), i);
+    if (err == std::errc() && end == digits.data() + digits.size() && std::to_string(i) == digits && i >= 0 &&
+        i < count)
+      done.insert(i);
+  }
+  return done;
 }
 
 // "parts 0, 2 of 3 are done" from what a split run's staging directory holds.
 std::string parts_progress(const fs::path& dir) {
-  std::error_code ec;
-  int count = 0;
+  std::int64_t count = 0;
   if (std::ifstream f(dir / kPlan); f) {
     std::ostringstream ss;
     ss << f.rdbuf();
     try {
-      count = detail::parse_json(ss.str(), (dir / kPlan).string(), "plan", 8).value("parts", 0);
+      const Json plan = detail::parse_json(ss.str(), (dir / kPlan).string(), "plan", 8);
+      if (const auto p = plan.find("parts"); p != plan.end() && p->is_number_integer()) count = p->get<std::int64_t>();
     } catch (const std::exception&) {
       count = 0;
     }
   }
-  std::string done;
-  int n = 0;
-  for (int i = 0; i < count; ++i)
-    if (fs::exists(done_marker(dir, i), ec)) done += (n++ ? ", " : "") + std::to_string(i);
-  if (count == 0) return "its plan is missing";
+  if (count < 1 || count > std::numeric_limits<int>::max()) return "its plan is missing";
+  const std::set<int> done = done_parts(dir, static_cast<int>(count));
+  std::string list;
+  for (const int i : done) list += (list.empty() ? "" : ", ") + std::to_string(i);
+  const std::size_t n = done.size();
   return n == 0 ? "none of its " + std::to_string(count) + " parts is done"
-                : "part" + std::string(n > 1 ? "s " : " ") + done + " of " + std::to_string(count) +
+                : "part" + std::string(n > 1 ? "s " : " ") + list + " of " + std::to_string(count) +
                       (n > 1 ? " are" : " is") + " done";
 }
 
@@ -145,10 +168,10 @@ void refuse_unfinished_parts(const fs::path& out) {
 
 }  // namespace
 
-Staging::Staging(const fs::path& in_dir, const fs::path& out, bool force) : Staging(in_dir, out, force, true) {}
+Staging::Staging(const RunInputs& inputs, const fs::path& out, bool force) : Staging(inputs, out, force, true) {}
 
-Staging::Staging(const fs::path& in_dir, const fs::path& out, bool force, bool create) {
-  out_ = checked_output(in_dir, out, force, replace_);
+Staging::Staging(const RunInputs& inputs, const fs::path& out, bool force, bool create) {
+  out_ = checked_output(inputs, out, force, replace_);
   tmp_ = out_.parent_path() / (prefix() + std::to_string(::getpid()));
   // Taking over a split run's directory, nothing is removed: the parts may have run on other
   // machines, whose process ids say nothing here.
@@ -162,9 +185,9 @@ Staging::Staging(const fs::path& in_dir, const fs::path& out, bool force, bool c
   write_text_atomic(tmp_ / kIncomplete, "microscale is writing " + out_.string() + "\n");
 }
 
-std::unique_ptr<Staging> Staging::claim(const fs::path& in_dir, const fs::path& out, bool force,
+std::unique_ptr<Staging> Staging::claim(const RunInputs& inputs, const fs::path& out, bool force,
                                         const fs::path& parts) {
-  std::unique_ptr<Staging> st(new Staging(in_dir, out, force, false));
+  std::unique_ptr<Staging> st(new Staging(inputs, out, force, false));
   if (::rename(parts.c_str(), st->tmp_.c_str()) == 0) return st;
   const int err = errno;
   st->committed_ = true;              // whatever is at tmp_ is not ours to remove
@@ -249,10 +272,10 @@ Input open_complete(const fs::path& path) {
   return open_input(path);
 }
 
-PartStaging::PartStaging(const fs::path& in_dir, const fs::path& out, bool force, Part part, const Json& plan)
-    : in_dir_(in_dir), force_(force), part_(part) {
+PartStaging::PartStaging(const RunInputs& inputs, const fs::path& out, bool force, Part part, const Json& plan)
+    : inputs_(inputs), force_(force), part_(part) {
   bool replace = false;
-  out_ = checked_output(in_dir, out, force, replace);
+  out_ = checked_output(inputs, out, force, replace);
   dir_ = parts_dir(out_);
   std::error_code ec;
   fs::create_directory(dir_, ec);
@@ -294,13 +317,12 @@ PartStaging::PartStaging(const fs::path& in_dir, const fs::path& out, bool force
 std::unique_ptr<Staging> PartStaging::done() {
   write_text_atomic(done_marker(dir_, part_.index), "done\n");
   // Whoever marks itself done last sees every marker; several may, and claim() picks one.
-  std::error_code ec;
-  for (int i = 0; i < part_.count; ++i)
-    if (!fs::exists(done_marker(dir_, i), ec)) return nullptr;
-  std::unique_ptr<Staging> st = Staging::claim(in_dir_, out_, force_, dir_);
+  if (done_parts(dir_, part_.count).size() < static_cast<std::size_t>(part_.count)) return nullptr;
+  std::unique_ptr<Staging> st = Staging::claim(inputs_, out_, force_, dir_);
   if (!st) return nullptr;
+  std::error_code ec;
   fs::remove(st->dir() / kPlan, ec);
-  for (int i = 0; i < part_.count; ++i) fs::remove(done_marker(st->dir(), i), ec);
+  for (const int i : done_parts(st->dir(), part_.count)) fs::remove(done_marker(st->dir(), i), ec);
   return st;
 }
 

@@ -20,12 +20,13 @@ namespace microscale::io::ck {
 // either complete or unloadable.
 class Staging {
  public:
-  // `in_dir` (may be empty) is refused as the output.
-  // Refuses an `out` that a split run's parts are still writing (PartStaging).
-  Staging(const fs::path& in_dir, const fs::path& out, bool force);
+  // Refuses an `out` that is or holds one of `inputs` (RunInputs::check_output_dir), and one that
+  // a split run's parts are still writing (PartStaging).
+  Staging(const RunInputs& inputs, const fs::path& out, bool force);
   // Takes over `parts`, the directory of a split run whose parts are all done, as this process's
   // staging directory (by renaming it, so exactly one process gets it); null when another did.
-  static std::unique_ptr<Staging> claim(const fs::path& in_dir, const fs::path& out, bool force, const fs::path& parts);
+  static std::unique_ptr<Staging> claim(const RunInputs& inputs, const fs::path& out, bool force,
+                                        const fs::path& parts);
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
   ~Staging();
@@ -43,7 +44,7 @@ class Staging {
   // Staging directories of runs that were killed (their process is gone).
   void remove_dead_runs() const;
 
-  Staging(const fs::path& in_dir, const fs::path& out, bool force, bool create);
+  Staging(const RunInputs& inputs, const fs::path& out, bool force, bool create);
 
   fs::path out_, tmp_;
   bool replace_ = false, committed_ = false;
@@ -58,7 +59,7 @@ class PartStaging {
  public:
   // Creates or joins it; refuses parts started with another plan (source layout, options, count).
   // `out` is checked as Staging checks it.
-  PartStaging(const fs::path& in_dir, const fs::path& out, bool force, Part part, const Json& plan);
+  PartStaging(const RunInputs& inputs, const fs::path& out, bool force, Part part, const Json& plan);
 
   const fs::path& dir() const { return dir_; }
   // Marks this part done. Returns the staging directory to finish and commit when every part is
@@ -66,7 +67,8 @@ class PartStaging {
   std::unique_ptr<Staging> done();
 
  private:
-  fs::path in_dir_, out_, dir_;
+  RunInputs inputs_;
+  fs::path out_, dir_;
   bool force_;
   Part part_;
 };

@@ -2,12 +2,24 @@
 #include <algorithm>
 
 #include "io/layout.hpp"
+#include "io/model_dir.hpp"
 #include "io/weight_rules.hpp"
 
 namespace microscale::io {
 
 std::string why_kept(std::string_view name, const Shape& shape, StDType dtype) {
   return ck::keep_text(ck::default_keep(name, shape, dtype), shape, dtype);
+}
+
+std::vector<std::string> conv1d_weights(const std::filesystem::path& model) {
+  const ck::Input in = ck::open_input(model);
+  std::vector<std::string> found;
+  for (const std::string& n : in.ck.names()) {
+    const StTensor& t = in.ck.tensor(n);
+    if (ck::default_keep(n, t.shape, t.dtype) == ck::Keep::quantize && ck::conv1d_weight(in.config, ck::module_of(n)))
+      found.push_back(n);
+  }
+  return found;
 }
 
 namespace ck {
@@ -57,6 +69,23 @@ std::string owner_module(const std::string& name) {
   if (name.ends_with(".weight")) return module_of(name);
   const std::size_t dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+// Names alone are not enough (GPT-BigCode uses the same names for Linear layers), so the config
+// decides when it names the model type.
+bool conv1d_weight(const Json& config, const std::string& module) {
+  const std::string last = module.substr(module.rfind('.') + 1);
+  if (last != "c_attn" && last != "c_fc" && last != "c_proj" && last != "q_attn") return false;
+  if (!config.is_object()) return true;
+  if (auto a = config.find("architectures"); a != config.end() && a->is_array())
+    for (const Json& arch : *a)
+      if (arch.is_string())
+        for (const char* p : {"GPT2", "OpenAIGPT", "ImageGPT", "DecisionTransformer"})
+          if (arch.get<std::string>().rfind(p, 0) == 0) return true;
+  const auto t = config.find("model_type");
+  if (t == config.end() || !t->is_string()) return true;
+  const std::string type = t->get<std::string>();
+  return type == "gpt2" || type == "openai-gpt" || type == "imagegpt" || type == "decision_transformer";
 }
 
 bool is_embedding(const std::string& module) {

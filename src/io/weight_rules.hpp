@@ -30,6 +30,11 @@ bool looks_like_weight(std::string_view name, const Shape& shape);
 // The module a weight-like tensor belongs to (stacked experts are parameters of their module).
 std::string owner_module(const std::string& name);
 
+// Whether `module`'s weight is a GPT-2 style Conv1D one, stored [in, out] (transposed from
+// Linear's [out, in]): named c_attn, c_fc, c_proj or q_attn, in a model whose config (null when
+// there is none) does not name another model type.
+bool conv1d_weight(const detail::Json& config, const std::string& module);
+
 // Adds `module`, left in high precision for reason `k`, to the configs' ignore list once, when
 // loaders would otherwise take it for a quantized Linear: every kind of Linear weight, and the
 // embeddings, which ModelOpt lists too (norms are not listed by anyone). Layouts whose loaders

@@ -288,14 +288,14 @@ void write_output(const Input& in, const fs::path& out, bool force, std::vector<
   check_output_names(names);
   const std::vector<OutShard> shards = plan_shards(in, items);
   if (part.count <= 1) {
-    Staging st(in.dir, out, force);
+    Staging st(in.inputs, out, force);
     write_shards(in, st.dir(), items, shards, shard_format, progress, report);
     write_index_of(in, st.dir(), shards);
     finish_dir(in, st, to, meta, report, dtype);
     st.commit();
     return;
   }
-  PartStaging parts(in.dir, out, force, part, split_plan(in, items, shards, part, options));
+  PartStaging parts(in.inputs, out, force, part, split_plan(in, items, shards, part, options));
   std::vector<OutShard> mine;
   for (std::size_t i = static_cast<std::size_t>(part.index); i < shards.size();
        i += static_cast<std::size_t>(part.count))

@@ -20,14 +20,20 @@ namespace {
 std::string sys_error(const char* op) { return std::string(op) + ": " + std::strerror(errno); }
 }  // namespace
 
-AtomicFile::AtomicFile(std::filesystem::path path) : path_(std::move(path)) {
+AtomicFile::AtomicFile(std::filesystem::path path, std::optional<unsigned> mode) : path_(std::move(path)) {
   // Same directory as the target so rename() cannot cross file systems.
   tmp_ = path_;
   tmp_ += ".tmp." + std::to_string(::getpid());
   // O_EXCL: a leftover with our pid is another writer of this process (or a crashed run whose pid
   // was reused); never clobber it, say which file is in the way.
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode ? *mode & 0777 : 0644);
   if (fd_ < 0) fail(tmp_.string(), sys_error("cannot create temporary file"));
+  // Created with `mode` already (never more open than it), then set exactly: the umask may have cut it.
+  if (mode && ::fchmod(fd_, static_cast<mode_t>(*mode & 0777)) != 0) {
+    const std::string msg = sys_error("cannot set the permissions");
+    abort();
+    fail(tmp_.string(), msg);
+  }
 }
 
 AtomicFile::~AtomicFile() { abort(); }

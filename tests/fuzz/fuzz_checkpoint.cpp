@@ -5,7 +5,10 @@
 // 2^40, 2^62, ...), in one file or in two shards behind an index that may disagree with them.
 // The directory is written to a scratch folder and run through inspect, load, dequantize,
 // convert and quantize. Bad input must only ever throw (a std::exception); a crash, a sanitizer
-// report or a broken invariant on accepted input is a finding.
+// report or a broken invariant on accepted input is a finding. Beside the weights it may hold side
+// files that are symbolic links out of the model directory (whose target must never reach an
+// output), a private file (whose mode an output must keep) and an earlier output in a subfolder
+// (never copied); and every input file, by any name, must be refused as a report path.
 //
 // Input bytes, read from the front (missing bytes read as 0):
 //   flags   bits 0-2 config kind, bit 3 sharded, bits 4-5 index damage, bit 6 stats, bit 7 quantize to MLX
@@ -15,6 +18,10 @@
 //   per tensor: module suffix dtype rank place dim0 dim1 dim2 [dim3 for rank 4] (dims: kDims index, or
 //               small value; place: bit 0 shard, bits 1-7 an index into kEdgeValues, whose value fills
 //               an F32 tensor: global and activation scales at the edges)
+//   side              side files: bit 0 a relative link out, bit 1 an absolute one, bit 2 a link
+//                     inside, bit 3 a 0600 file, bit 4 a dangling link, bit 5 an earlier output in
+//                     a subfolder; bits 6-7 the report path checked (a shard, config.json, a hard
+//                     link to a shard, a symbolic link to the index or model.safetensors)
 //   the rest          tensor data, taken in order and repeated as needed
 #include <unistd.h>
 
@@ -26,9 +33,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -261,6 +270,85 @@ bool attempt(F&& f) {
   }
 }
 
+constexpr std::string_view kSecret = "outside the model: must never be copied\n";
+
+// What an output must show of the side files (`side`, the input byte): neither the links out nor
+// any other side file holding the secret they led to (weights and config.json come from the
+// input bytes, which may hold its text), the private file with its mode, no earlier output.
+void check_side_files(const fs::path& out, std::uint8_t side) {
+  for (const char* link : {"tokenizer_config.json", "special_tokens_map.json", "dangling.txt"})
+    require(!fs::exists(fs::symlink_status(out / link)), "a link out of the model directory was copied");
+  for (const auto& e : fs::recursive_directory_iterator(out)) {
+    require(!e.is_symlink(), "outputs hold no symbolic links");
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name.find(".safetensors") != std::string::npos || name == "config.json" ||
+        name == "hf_quant_config.json")
+      continue;
+    std::ifstream f(e.path(), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    require(text.find(kSecret) == std::string::npos, "a link out of the model directory was followed");
+  }
+  if (side & 8)
+    require(fs::status(out / "private.txt").permissions() == (fs::perms::owner_read | fs::perms::owner_write),
+            "a copied side file keeps its mode");
+  if (side & 4) require(fs::is_regular_file(out / "vocab.txt"), "a link inside the model directory is copied");
+  if (side & 32) require(!fs::exists(out / "q"), "an earlier output in the model directory is not copied");
+}
+
+// Side files of the model directory (`side`, the input byte), beside a secret outside it.
+void write_side_files(const fs::path& root, const fs::path& model, std::uint8_t side) {
+  write_file(root / "secret", std::string(kSecret));
+  if (side & 1) fs::create_symlink("../secret", model / "tokenizer_config.json");
+  if (side & 2) fs::create_symlink(root / "secret", model / "special_tokens_map.json");
+  if (side & 4) {
+    write_file(model / "tokenizer.json", "{}");
+    fs::create_symlink("tokenizer.json", model / "vocab.txt");
+  }
+  if (side & 8) {
+    write_file(model / "private.txt", "mine\n");
+    fs::permissions(model / "private.txt", fs::perms::owner_read | fs::perms::owner_write);
+  }
+  if (side & 16) fs::create_symlink("nothing", model / "dangling.txt");
+  if (side & 32) {
+    fs::create_directories(model / "q");
+    write_file(model / "q" / "config.json", "{}");
+    write_file(model / "q" / "model.safetensors", "");
+  }
+}
+
+// Every input file is refused as a report path, by its own name or another: a path inside the
+// model directory, a hard link or a symbolic link elsewhere. A new file outside is accepted.
+void check_report_paths(const fs::path& root, const fs::path& model, std::uint8_t side) {
+  RunInputs inputs;
+  fs::path shard;  // one the run reads (a shard file the index leaves out is not read)
+  try {
+    inputs = RunInputs(model);
+    const Checkpoint ck = Checkpoint::open(model);
+    if (ck.shards().empty()) return;
+    shard = ck.shards().front();
+  } catch (const std::exception&) {
+    return;  // no checkpoint to protect: every run refuses it
+  }
+  const bool indexed = fs::exists(model / "model.safetensors.index.json");
+  fs::path target;
+  switch (side >> 6) {
+    case 0: target = shard; break;
+    case 1: target = model / (fs::exists(model / "config.json") ? "config.json" : "report.csv"); break;
+    case 2:
+      target = root / "hard-link";
+      fs::create_hard_link(shard, target);
+      break;
+    default:
+      target = root / "soft-link";
+      fs::create_symlink(indexed ? model / "model.safetensors.index.json" : shard, target);
+  }
+  require(!attempt([&] { inputs.check_output_file("--report", target); }), "a report path on an input is refused");
+  require(attempt([&] { inputs.check_output_file("--report", root / "report.csv"); }),
+          "a report path outside the model is accepted");
+  require(!attempt([&] { inputs.check_output_dir(model); }), "the model directory is refused as the output");
+  require(!attempt([&] { inputs.check_output_dir(root); }), "an output holding the model is refused");
+}
+
 // The scratch folder of this process, removed at exit (an aborting finding leaves it for study).
 struct Scratch {
   fs::path root = fs::temp_directory_path() / ("microscale_fuzz_ckpt_" + std::to_string(::getpid()));
@@ -317,6 +405,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const TensorSpec& o : tensors) dup |= o.name == t.name;
     if (!dup) tensors.push_back(std::move(t));
   }
+  const std::uint8_t side = in.byte();
   const std::vector<std::byte> pool = in.rest();
   std::size_t pos = 0;
 
@@ -347,6 +436,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     write_shard(model / "model.safetensors", ts, pool, pos);
   }
 
+  write_side_files(root, model, side);
+  check_report_paths(root, model, side);
+
   attempt([&] { (void)inspect_checkpoint(model, (flags & 64) != 0); });
   std::optional<CheckpointData> loaded;
   attempt([&] {
@@ -355,12 +447,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   });
   DequantizeOptions dq;
   dq.force = true;
-  attempt([&] { dequantize_checkpoint(model, out / "dq", dq); });
+  if (attempt([&] { dequantize_checkpoint(model, out / "dq", dq); })) check_side_files(out / "dq", side);
   for (Convention to : {Convention::compressed_tensors, Convention::modelopt, Convention::mlx}) {
     ConvertOptions co;
     co.to = to;
     co.force = true;
     if (!attempt([&] { convert_checkpoint(model, out / "cv", co); })) continue;
+    check_side_files(out / "cv", side);
     try {  // what convert writes must load back, holding the same values
       const CheckpointData back = load_checkpoint(out / "cv");
       check_loaded(back);
@@ -376,6 +469,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   qo.spec.mode = flags & 128 ? Mode::affine : Mode::nvfp4;
   qo.force = true;
   if (!attempt([&] { quantize_checkpoint(model, out / "q", qo); })) return 0;
+  check_side_files(out / "q", side);
   try {  // so must what quantize writes (a float tensor named like a part of a layer it writes)
     check_loaded(load_checkpoint(out / "q"));
   } catch (const std::exception& e) {

@@ -27,8 +27,8 @@ def dim(v):
 
 
 def seed(config=None, group=64, bits=4, mode=None, tensors=(), data=b"", sharded=False, damage=0, stats=True,
-         quantize_mlx=False, raw_config=b""):
-    """tensors: (module, suffix, dtype, shape[, shard[, edge]])"""
+         quantize_mlx=False, raw_config=b"", side=0):
+    """tensors: (module, suffix, dtype, shape[, shard[, edge]]); side: the side-files byte"""
     flags = CONFIG_KINDS[config] | (8 if sharded else 0) | (damage << 4) | (64 if stats else 0) | (128 if quantize_mlx else 0)
     module0 = MODULES.index(tensors[0][0]) if tensors else 0
     out = bytes([flags, module0, CONFIG_INTS.index(group), CONFIG_INTS.index(bits), MODES.index(mode)])
@@ -43,7 +43,7 @@ def seed(config=None, group=64, bits=4, mode=None, tensors=(), data=b"", sharded
             out += bytes([MODULES.index(module)])
         dims = [dim(d) for d in shape] + [0] * (3 - len(shape))  # rank 4 writes a fourth dim
         out += bytes([SUFFIXES.index(suffix), LIKELY.index(dtype), RANKS[len(shape)], shard | edge << 1] + dims)
-    return out + data
+    return out + bytes([side]) + data
 
 
 def main():
@@ -148,6 +148,21 @@ def main():
                              tensors=[("m", ".weight", "F8_E4M3", [4, 64]), ("m", ".weight_scale", "F32", []),
                                       ("m", ".input_scale", "F32", [])],
                              data=e4m3 + one + one),
+        # Side files: links out of the model (relative and absolute), one inside, a private file,
+        # a dangling link and an earlier output, around a float model and a quantized one; each
+        # with another report path checked against the inputs.
+        "side_files_float": seed("empty", quantize_mlx=True,
+                                 tensors=[("model.layers.0.self_attn.q_proj", ".weight", "BF16", [4, 64])],
+                                 data=bytes((i * 13 + 5) & 0x3F for i in range(256)), side=0x3F),
+        "side_files_sharded": seed("empty", sharded=True,
+                                   tensors=[("model.layers.0.self_attn.q_proj", ".weight", "BF16", [4, 64], 0),
+                                            ("model.layers.0.self_attn.k_proj", ".weight", "BF16", [4, 64], 1)],
+                                   data=bytes((i * 7 + 1) & 0x3F for i in range(256)), side=0x3F | 0x40),
+        "side_files_ct": seed("ct", group=16, tensors=[("m", ".weight_packed", "U8", [4, 8]),
+                                                       ("m", ".weight_scale", "F8_E4M3", [4, 1]),
+                                                       ("m", ".weight_global_scale", "F32", [1])],
+                              data=packed + b"\x38" * 4 + struct.pack("<f", 3584.0), side=0x3F | 0x80),
+        "side_files_links_only": seed("empty", tensors=[("x", ".weight", "F32", [4, 16])], side=0x13 | 0xC0),
         "gptoss_mxfp4": seed("raw", raw_config=b'{"quantization_config": {"quant_method": "mxfp4"}}',
                              tensors=[("m", "_blocks", "U8", [2, 4, 2, 16]), ("m", "_scales", "U8", [2, 4, 2])],
                              data=packed * 8 + bytes(range(120, 136))),

@@ -1,6 +1,7 @@
 // quantize_checkpoint split across processes (QuantizeOptions::part): the parts' output equals a
 // single-process run's byte for byte, it is published only once every part is done, and parts
 // that disagree are refused. (The CLI, launchers and killed parts: tests/python/test_checkpoint_parts.py.)
+#include <limits>
 #include <map>
 #include <random>
 
@@ -99,6 +100,22 @@ TEST(SplitRun, PartsThatDisagreeAreRefused) {
   EXPECT_FALSE(fs::exists(dir / "out"));
   opt.part = {1, 2};
   EXPECT_TRUE(quantize_checkpoint(in, dir / "out", opt).published);
+}
+
+// A part count far above the shard count (a typo, INT_MAX) costs a directory listing per command,
+// not a lookup per part: 2^31 - 1 parts used to mean 2^31 stat calls for every later run.
+TEST(SplitRun, AHugePartCountCostsWhatExists) {
+  TempDir dir;
+  const fs::path in = write_model(dir);
+  const int n = std::numeric_limits<int>::max();
+  QuantizeOptions opt;
+  opt.part = {n - 1, n};
+  EXPECT_FALSE(quantize_checkpoint(in, dir / "out", opt).published);
+  opt.part = {0, n};
+  EXPECT_FALSE(quantize_checkpoint(in, dir / "out", opt).published);
+  const QuantizeOptions whole;
+  expect_error([&] { quantize_checkpoint(in, dir / "out", whole); },
+               {"unfinished", "parts 0, " + std::to_string(n - 1) + " of " + std::to_string(n) + " are done"});
 }
 
 }  // namespace

@@ -166,6 +166,42 @@ def test_bad_part_values(model, tmp_path, part, msg):
     assert os.listdir(tmp_path) == []  # nothing written, no staging directory
 
 
+@pytest.mark.parametrize("var,value", [("SLURM_ARRAY_TASK_MIN", "-2147483648"), ("SLURM_ARRAY_TASK_MIN", "1x"),
+                                       ("SLURM_ARRAY_TASK_MIN", "99999999999"), ("SLURM_ARRAY_TASK_ID", "2147483648"),
+                                       ("SLURM_ARRAY_TASK_COUNT", "-2"), ("OMPI_COMM_WORLD_RANK", "+1"),
+                                       ("PMI_SIZE", "")])
+def test_bad_launcher_values_are_named(model, tmp_path, var, value):
+    env = {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "2"}
+    if var.startswith("OMPI"):
+        env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
+    if var.startswith("PMI"):
+        env = {"PMI_RANK": "0", "PMI_SIZE": "2"}
+    env[var] = value
+    r = run("quantize", model, "-o", tmp_path / "out", "--part", "auto", ok=False, env=clean_env(**env))
+    assert r.returncode == 1, r.stderr
+    assert f"{var}='{value}'" in r.stderr and "is not a rank, size or task id" in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_huge_part_count_costs_what_exists(model, tmp_path):
+    """A part count far above the shard count (a typo, say) must not make each later run look for
+    every part's marker: 2^31 - 1 parts used to mean 2^31 stat calls per command."""
+    out, n = tmp_path / "out", 2**31 - 1
+
+    def timed(*args):
+        return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, errors="replace", timeout=60,
+                              env=clean_env())
+
+    r = timed("quantize", model, "-o", out, "--part", f"{n - 1}/{n}")
+    assert r.returncode == 0 and "had no shard to write" in r.stdout, r.stderr
+    r = timed("quantize", model, "-o", out, "--force")
+    assert r.returncode == 1 and f"part {n - 1} of {n} is done" in r.stderr, r.stderr
+    r = timed("quantize", model, "-o", out, "--part", f"0/{n}")  # writes shard 0, finds the others missing
+    assert r.returncode == 0 and not os.path.exists(out), r.stderr
+    r = timed("quantize", model, "-o", out)
+    assert r.returncode == 1 and f"parts 0, {n - 1} of {n} are done" in r.stderr, r.stderr
+
+
 def test_parts_must_agree(model, tmp_path):
     out = tmp_path / "out"
     run("quantize", model, "-o", out, "--part", "0/3")
