@@ -1,7 +1,10 @@
 // Backend and CPU-target selection (include/microscale/runtime.hpp).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -96,6 +99,95 @@ TEST(RuntimeDeathTest, CudaFromTheEnvironmentFailsAtTheFirstOp) {
       },
       testing::ExitedWithCode(2), "backend cuda: this program has no CUDA backend");
   unsetenv("MICROSCALE_BACKEND");
+}
+
+// A bad MICROSCALE_CPU_TARGET is an Error naming the variable at each use, and forked children
+// (multiprocessing pools, DataLoader workers) are not affected: the settings' fork handler is
+// registered only once they are valid, and never throws.
+TEST(RuntimeDeathTest, BadCpuTargetInTheEnvironmentLeavesForkAlone) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ASSERT_EQ(setenv("MICROSCALE_CPU_TARGET", "avx9000", 1), 0);
+  EXPECT_EXIT(
+      {
+        for (int attempt = 0; attempt < 3; ++attempt) {
+          try {
+            ms::num_threads();
+            std::_Exit(3);  // the bad value was accepted
+          } catch (const ms::Error& e) {
+            if (std::string(e.what()).find("MICROSCALE_CPU_TARGET") == std::string::npos) std::_Exit(4);
+          }
+        }
+        for (int child = 0; child < 2; ++child) {
+          const pid_t pid = fork();
+          if (pid == 0) std::_Exit(0);
+          int status = 0;
+          waitpid(pid, &status, 0);
+          if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) std::_Exit(5);
+        }
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(0), "");
+  unsetenv("MICROSCALE_CPU_TARGET");
+}
+
+// Exit code 0 when `use` throws an Error that names `var`, 3 when it does not throw, 4 when the
+// message does not name the variable.
+template <class Use>
+int error_names(const char* var, Use use) {
+  try {
+    use();
+  } catch (const ms::Error& e) {
+    return std::string(e.what()).find(var) != std::string::npos ? 0 : 4;
+  }
+  return 3;
+}
+
+// Environment values that are not exactly what they name are errors that name the variable, not
+// silently another setting. The environment is read once per process, so each value is tried in
+// a fresh one (the threadsafe death-test style re-runs this binary).
+TEST(RuntimeDeathTest, BadEnvironmentValuesAreErrorsNamingTheVariable) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const char* value : {"1e3", "4x", " 4", "-2", "0x10", "+4", "0", "4,2"}) {
+    ASSERT_EQ(setenv("MICROSCALE_NUM_THREADS", value, 1), 0);
+    EXPECT_EXIT(std::_Exit(error_names("MICROSCALE_NUM_THREADS", [] { ms::num_threads(); })),
+                testing::ExitedWithCode(0), "")
+        << "MICROSCALE_NUM_THREADS=" << value;
+  }
+  ASSERT_EQ(setenv("MICROSCALE_NUM_THREADS", "3", 1), 0);
+  EXPECT_EXIT(std::_Exit(ms::num_threads() == 3 ? 0 : 1), testing::ExitedWithCode(0), "");
+  for (const char* value : {"999999", "99999999999999999999"}) {
+    ASSERT_EQ(setenv("MICROSCALE_NUM_THREADS", value, 1), 0);
+    EXPECT_EXIT(std::_Exit(ms::num_threads() == ms::kMaxThreads ? 0 : 1), testing::ExitedWithCode(0), "") << value;
+  }
+  // OMP_NUM_THREADS is OpenMP's: its first count per nesting level is used.
+  unsetenv("MICROSCALE_NUM_THREADS");
+  ASSERT_EQ(setenv("OMP_NUM_THREADS", "3,2", 1), 0);
+  EXPECT_EXIT(std::_Exit(ms::num_threads() == 3 ? 0 : 1), testing::ExitedWithCode(0), "");
+  unsetenv("OMP_NUM_THREADS");
+  unsetenv("MICROSCALE_NUM_THREADS");
+
+  const std::vector<float> v(32, 1.0f);
+  const auto quantize = [&] { ms::quantize(ms::TensorView(v.data(), ms::DType::float32, {1, 32}), ms::QuantSpec{}); };
+  for (const char* value : {"typo", "CPU", "gpu", "cpu "}) {
+    ASSERT_EQ(setenv("MICROSCALE_BACKEND", value, 1), 0);
+    EXPECT_EXIT(std::_Exit(error_names("MICROSCALE_BACKEND", quantize)), testing::ExitedWithCode(0), "")
+        << "MICROSCALE_BACKEND=" << value;
+  }
+  ASSERT_EQ(setenv("MICROSCALE_BACKEND", "reference", 1), 0);
+  EXPECT_EXIT(std::_Exit(ms::backend() == ms::Backend::reference ? 0 : 1), testing::ExitedWithCode(0), "");
+  unsetenv("MICROSCALE_BACKEND");
+}
+
+// Thread counts beyond kMaxThreads are clamped to it (the environment's too, above).
+TEST(Runtime, ThreadCountsAreClampedToTheMaximum) {
+  for (int n : {ms::kMaxThreads + 1, 999999, INT_MAX}) {
+    ms::set_num_threads(n);
+    EXPECT_EQ(ms::num_threads(), ms::kMaxThreads) << n;
+  }
+  ms::set_num_threads(ms::kMaxThreads);
+  EXPECT_EQ(ms::num_threads(), ms::kMaxThreads);
+  ms::set_num_threads(0);
+  EXPECT_LE(ms::num_threads(), ms::kMaxThreads);
 }
 
 }  // namespace
