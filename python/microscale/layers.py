@@ -115,9 +115,9 @@ class _Layer(QuantizedWeight):
 class QuantizedLinear(_Layer):
     """``y = x @ W^T + bias`` with W ``[out_features, in_features]`` quantized once.
 
-    Build with :meth:`from_linear`, or from existing parts (e.g. a checkpoint) with the
-    constructor: ``QuantizedLinear(weight, scales, biases=None, bias=None, mode=..., group_size=...,
-    bits=..., global_scale=..., elem=...)``.
+    Build with :meth:`from_linear` (also named :meth:`from_float`), or from existing parts (e.g.
+    a checkpoint) with the constructor: ``QuantizedLinear(weight, scales, biases=None, bias=None,
+    mode=..., group_size=..., bits=..., global_scale=..., elem=...)``.
     """
 
     def __init__(self, weight, scales, biases=None, bias=None, mode="nvfp4", group_size=None,
@@ -136,6 +136,11 @@ class QuantizedLinear(_Layer):
                                  use_global_scale, scale_rule, nonfinite, elem)
         n = parts["weight"].shape[0]
         return cls(bias=_copy_bias(bias, n, "QuantizedLinear"), **parts)
+
+    # A layer from a float weight is from_linear, under the name torch's quantized modules use
+    # (the inherited QuantizedWeight.from_float would build the bare weight's arguments).
+    from_float = from_linear
+
     @property
     def in_features(self):
         return self.shape[-1]
@@ -168,6 +173,9 @@ class QuantizedEmbedding(_Layer):
         parts = _quantize_weight(table, "QuantizedEmbedding: table", mode, group_size, bits, global_scale,
                                  use_global_scale, scale_rule, nonfinite, elem)
         return cls(dtype=_as_array(table, "QuantizedEmbedding: table").dtype, **parts)
+
+    from_float = from_embedding  # as QuantizedLinear.from_float
+
     @property
     def num_embeddings(self):
         return self.weight.shape[0]
@@ -244,6 +252,9 @@ class QQLinear(_Layer):
         n = parts["weight"].shape[0]
         return cls(bias=_copy_bias(bias, n, "QQLinear"), scale_rule=scale_rule,
                    nonfinite=nonfinite, **parts)
+
+    from_float = from_linear  # as QuantizedLinear.from_float
+
     @property
     def in_features(self):
         return self.shape[-1]

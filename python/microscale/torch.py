@@ -187,6 +187,10 @@ class QuantizedLinear(torch.nn.Module):
         return cls(_req(layer.weight), _req(layer.scales), _torch(layer.biases),
                    _torch(layer.bias), layer.mode, layer.group_size, layer.bits,
                    layer.global_scale, layer.elem)
+
+    # torch.ao's quantized modules are built with from_float(float_module).
+    from_float = from_linear
+
     @property
     def in_features(self) -> int:
         return int(self.weight.shape[-1]) * 8 // self.bits
@@ -258,6 +262,9 @@ class QQLinear(torch.nn.Module):
         return cls(_req(layer.weight), _req(layer.scales), _torch(layer.bias), layer.mode,
                    layer.group_size, layer.bits, layer.global_scale, None, scale_rule,
                    nonfinite, elem)
+
+    from_float = from_linear  # as QuantizedLinear.from_float
+
     @property
     def in_features(self) -> int:
         return int(self.weight.shape[-1]) * 8 // self.bits
