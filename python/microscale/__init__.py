@@ -791,7 +791,10 @@ def decode(codes, fmt, out_type=None):
 def set_backend(name):
     """Select the backend that runs quantize/dequantize: ``"cpu"`` (default: SIMD kernels and
     threads) or ``"reference"`` (the scalar executable spec). Both give identical bytes.
-    Process-wide; the environment variable MICROSCALE_BACKEND sets the initial value."""
+    Process-wide; the environment variable MICROSCALE_BACKEND sets the initial value (a value
+    that names no backend is a ValueError naming the variable, raised by every op and by the
+    runtime functions until it is fixed; MICROSCALE_CPU_TARGET and MICROSCALE_NUM_THREADS the
+    same)."""
     _core.set_backend(_str(name, "name"))
 
 
@@ -819,9 +822,11 @@ def available_cpu_targets():
 
 
 def set_num_threads(n):
-    """Threads per call, the caller's included; ``n <= 0`` restores the default
-    (MICROSCALE_NUM_THREADS, then OMP_NUM_THREADS, then the CPUs this process may run on)."""
-    _core.set_num_threads(operator.index(n))
+    """Threads per call, the caller's included, at most 1024 (larger counts mean 1024); ``n <= 0``
+    restores the default (MICROSCALE_NUM_THREADS, then OMP_NUM_THREADS, then the CPUs this process
+    may run on)."""
+    n = operator.index(n)
+    _core.set_num_threads(min(n, _core.MAX_THREADS) if n > 0 else 0)
 
 
 def num_threads():

@@ -588,6 +588,7 @@ NB_MODULE(_core, m) {
   m.def("cpu_target", &ms::cpu_target);
   m.def("available_cpu_targets", &ms::available_cpu_targets);
   m.def("set_num_threads", &ms::set_num_threads, nb::arg("n"));
+  m.attr("MAX_THREADS") = ms::kMaxThreads;
   m.def("num_threads", &ms::num_threads);
 
   ckpt::bind(m);   // checkpoint I/O

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,12 +102,35 @@ TEST(RuntimeDeathTest, CudaFromTheEnvironmentFailsAtTheFirstOp) {
   unsetenv("MICROSCALE_BACKEND");
 }
 
+// Sets (nullptr: unsets) an environment variable until the end of the scope, which restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* var, const char* value) : var_(var) {
+    if (const char* old = std::getenv(var)) old_ = old;
+    set(value);
+  }
+  ~ScopedEnv() { set(old_ ? old_->c_str() : nullptr); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void set(const char* value) const {
+    if (value != nullptr) {
+      setenv(var_, value, 1);
+    } else {
+      unsetenv(var_);
+    }
+  }
+
+ private:
+  const char* var_;
+  std::optional<std::string> old_;
+};
+
 // A bad MICROSCALE_CPU_TARGET is an Error naming the variable at each use, and forked children
 // (multiprocessing pools, DataLoader workers) are not affected: the settings' fork handler is
 // registered only once they are valid, and never throws.
 TEST(RuntimeDeathTest, BadCpuTargetInTheEnvironmentLeavesForkAlone) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  ASSERT_EQ(setenv("MICROSCALE_CPU_TARGET", "avx9000", 1), 0);
+  const ScopedEnv target("MICROSCALE_CPU_TARGET", "avx9000");
   EXPECT_EXIT(
       {
         for (int attempt = 0; attempt < 3; ++attempt) {
@@ -127,7 +151,6 @@ TEST(RuntimeDeathTest, BadCpuTargetInTheEnvironmentLeavesForkAlone) {
         std::_Exit(0);
       },
       testing::ExitedWithCode(0), "");
-  unsetenv("MICROSCALE_CPU_TARGET");
 }
 
 // Exit code 0 when `use` throws an Error that names `var`, 3 when it does not throw, 4 when the
@@ -147,35 +170,34 @@ int error_names(const char* var, Use use) {
 // a fresh one (the threadsafe death-test style re-runs this binary).
 TEST(RuntimeDeathTest, BadEnvironmentValuesAreErrorsNamingTheVariable) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const ScopedEnv threads("MICROSCALE_NUM_THREADS", nullptr), omp("OMP_NUM_THREADS", nullptr);
   for (const char* value : {"1e3", "4x", " 4", "-2", "0x10", "+4", "0", "4,2"}) {
-    ASSERT_EQ(setenv("MICROSCALE_NUM_THREADS", value, 1), 0);
+    threads.set(value);
     EXPECT_EXIT(std::_Exit(error_names("MICROSCALE_NUM_THREADS", [] { ms::num_threads(); })),
                 testing::ExitedWithCode(0), "")
         << "MICROSCALE_NUM_THREADS=" << value;
   }
-  ASSERT_EQ(setenv("MICROSCALE_NUM_THREADS", "3", 1), 0);
+  threads.set("3");
   EXPECT_EXIT(std::_Exit(ms::num_threads() == 3 ? 0 : 1), testing::ExitedWithCode(0), "");
   for (const char* value : {"999999", "99999999999999999999"}) {
-    ASSERT_EQ(setenv("MICROSCALE_NUM_THREADS", value, 1), 0);
+    threads.set(value);
     EXPECT_EXIT(std::_Exit(ms::num_threads() == ms::kMaxThreads ? 0 : 1), testing::ExitedWithCode(0), "") << value;
   }
   // OMP_NUM_THREADS is OpenMP's: its first count per nesting level is used.
-  unsetenv("MICROSCALE_NUM_THREADS");
-  ASSERT_EQ(setenv("OMP_NUM_THREADS", "3,2", 1), 0);
+  threads.set(nullptr);
+  omp.set("3,2");
   EXPECT_EXIT(std::_Exit(ms::num_threads() == 3 ? 0 : 1), testing::ExitedWithCode(0), "");
-  unsetenv("OMP_NUM_THREADS");
-  unsetenv("MICROSCALE_NUM_THREADS");
 
+  const ScopedEnv backend("MICROSCALE_BACKEND", nullptr);
   const std::vector<float> v(32, 1.0f);
   const auto quantize = [&] { ms::quantize(ms::TensorView(v.data(), ms::DType::float32, {1, 32}), ms::QuantSpec{}); };
   for (const char* value : {"typo", "CPU", "gpu", "cpu "}) {
-    ASSERT_EQ(setenv("MICROSCALE_BACKEND", value, 1), 0);
+    backend.set(value);
     EXPECT_EXIT(std::_Exit(error_names("MICROSCALE_BACKEND", quantize)), testing::ExitedWithCode(0), "")
         << "MICROSCALE_BACKEND=" << value;
   }
-  ASSERT_EQ(setenv("MICROSCALE_BACKEND", "reference", 1), 0);
+  backend.set("reference");
   EXPECT_EXIT(std::_Exit(ms::backend() == ms::Backend::reference ? 0 : 1), testing::ExitedWithCode(0), "");
-  unsetenv("MICROSCALE_BACKEND");
 }
 
 // Thread counts beyond kMaxThreads are clamped to it (the environment's too, above).
