@@ -60,7 +60,7 @@ int runnable_cpus() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-// A whole positive decimal count (digits only; one past long long's range counts as its largest),
+// A whole positive decimal count (digits only; a count past long long's range is its largest),
 // or nothing: "1e3", "4x", " 4", "-2" and "0x10" are not counts.
 std::optional<long long> positive_count(std::string_view text) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
