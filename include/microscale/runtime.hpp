@@ -1,6 +1,8 @@
 // Which backend runs the ops, which SIMD target the CPU kernels use, and how many threads.
 //
-// Environment (read once, at first use; the setters override it):
+// Environment (read once, at first use; the setters override it). An unset or empty variable means
+// its default; any other value that is not one of those below is an Error naming the variable, thrown
+// by every use of the setting it governs (the ops, the getters and the setters) until it is fixed:
 //   MICROSCALE_BACKEND      "cpu" (default: SIMD + threads), "reference" (scalar executable spec)
 //                           or "cuda" (the GPU: needs a program linked with microscale_cuda and a
 //                           device; otherwise the first op throws Error saying so)
@@ -10,9 +12,11 @@
 //                           Arm: "sve2_128", "sve_256" (SVE of that vector width), "sve2",
 //                                "sve", "neon";
 //                           "scalar" (portable fallback: the reference kernels)
-//   MICROSCALE_NUM_THREADS  threads per call, the caller's included (falls back to OMP_NUM_THREADS,
-//                           then the number of CPUs this process may run on); also a budget shared
-//                           by calls from several threads at once, each keeping its own thread
+//   MICROSCALE_NUM_THREADS  threads per call, the caller's included: a whole decimal number >= 1,
+//                           clamped to kMaxThreads (unset: the first count of OMP_NUM_THREADS, where
+//                           it is one, then the number of CPUs this process may run on); also a
+//                           budget shared by calls from several threads at once, each keeping its
+//                           own thread
 #pragma once
 
 #include <optional>
@@ -42,7 +46,10 @@ std::string cpu_target();
 // Targets this build contains and this machine can run, best first.
 std::vector<std::string> available_cpu_targets();
 
-void set_num_threads(int n);  // n <= 0 restores the environment's default
+// The most threads per call: set_num_threads and MICROSCALE_NUM_THREADS clamp larger counts to it.
+inline constexpr int kMaxThreads = 1024;
+
+void set_num_threads(int n);  // n <= 0 restores the environment's default; n > kMaxThreads means kMaxThreads
 int num_threads();
 
 }  // namespace microscale

@@ -18,10 +18,11 @@ Inputs may be float32, float16 or bfloat16 arrays of any rank >= 1 and any strid
 with no copy; quantization runs along the last axis. Results come back as the first array
 argument's type: torch in, torch out (sharing microscale's buffer, no copy); MLX in, MLX out (MLX
 copies host memory on import); numpy and other types give numpy. ``out_type=`` ("numpy",
-"torch", "mlx") overrides it. torch float8 tensors are read as their uint8 codes (see
-docs/python.md). Packed values are uint8 ``[..., K*bits/8]`` (viewed as little-endian uint32 they
-are MLX's ``w_q``); fp-mode scales are uint8 codes ``[..., K/group]``
-(E4M3 for nvfp4, E8M0 for mxfp4/mxfp8); affine scales and biases have the input's dtype.
+"torch", "mlx") overrides it. Packed values are uint8 ``[..., K*bits/8]`` (viewed as
+little-endian uint32 they are MLX's ``w_q``); fp-mode scales are uint8 codes ``[..., K/group]``
+(E4M3 for nvfp4, E8M0 for mxfp4/mxfp8), or an array of that format's float8 type (torch or
+ml_dtypes ``float8_e4m3fn`` / ``float8_e8m0fnu``; another float8 type is refused, see
+docs/python.md); affine scales and biases have the input's dtype.
 Errors in the arguments or the data raise ``ValueError``; unsupported array dtypes raise
 ``TypeError``.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import operator
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -66,18 +68,27 @@ _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 _FLOAT_NAMES = {_F32: "float32", _F16: "float16", _BF16: "bfloat16"}
 _NAME_TO_DTYPE = {"float32": _F32, "float16": _F16, "bfloat16": _BF16}
-# ml_dtypes' 8-bit types are accepted wherever uint8 codes are (their bytes are the codes).
+# ml_dtypes' types of the element formats, for decode: their bytes are the codes.
 _CODE_DTYPES = {
     "e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
     "e5m2": np.dtype(ml_dtypes.float8_e5m2),
     "e8m0": np.dtype(ml_dtypes.float8_e8m0fnu),
     "e2m1": np.dtype(ml_dtypes.float4_e2m1fn),
 }
+# The 8-bit float types microscale reads as codes, wherever the codes are of that type's format:
+# an array of another float8 type holds another format's codes, whose bytes would decode wrongly.
 _BYTE_CODE_DTYPES = (
     np.dtype(ml_dtypes.float8_e4m3fn),
     np.dtype(ml_dtypes.float8_e5m2),
     np.dtype(ml_dtypes.float8_e8m0fnu),
 )
+_BYTE_CODE_NAMES = [d.name for d in _BYTE_CODE_DTYPES]
+# (format, float8 type) of each fp mode's scale codes.
+_SCALE_FORMAT = {
+    "nvfp4": ("E4M3", _CODE_DTYPES["e4m3"]),
+    "mxfp4": ("E8M0", _CODE_DTYPES["e8m0"]),
+    "mxfp8": ("E8M0", _CODE_DTYPES["e8m0"]),
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,16 +103,16 @@ def _as_array(a, what):
         arr = a
         if arr.flags.c_contiguous and arr.dtype.isnative:
             return arr
-    elif kind is OutType.torch and a.is_cpu:
+    elif kind is OutType.torch:
         arr = _torch_view(a, what)
-        if a.is_contiguous():
+        if arr.flags.c_contiguous:
             return arr
     elif hasattr(type(a), "__dlpack__"):
         # torch refuses to export a tensor that requires grad; these functions are not
         # differentiable (microscale.torch has the autograd versions), so read its values.
         if getattr(a, "requires_grad", False):
             a = a.detach()
-        arr = _core.host_view(a, what)
+        arr = _host_view(a, what)
     else:
         try:
             arr = np.asarray(a)
@@ -113,6 +124,13 @@ def _as_array(a, what):
     if arr.size and any(s < 0 or s % arr.itemsize for s in arr.strides):
         arr = np.ascontiguousarray(arr)
     return arr
+
+
+def _host_view(a, what):
+    """A DLPack producer's host memory as numpy (_core.host_view), 8-bit floats in the ml_dtypes
+    type of their DLPack code (_core returns the type's name with their uint8 codes)."""
+    arr, float8_name = _core.host_view(a, what)
+    return arr if float8_name is None else arr.view(getattr(ml_dtypes, float8_name))
 
 
 # The torch module, bound the first time a torch tensor is seen: microscale never imports torch
@@ -130,12 +148,36 @@ def _torch_module():
 
 
 def _torch_view(t, what):
-    """A CPU torch tensor as numpy, sharing its memory: torch's own numpy bridge is DLPack's
-    zero-copy import at a fraction of its per-call cost. bfloat16 comes back as
-    ml_dtypes.bfloat16, the float8 types as their uint8 codes; other dtypes go through DLPack."""
+    """A torch tensor's values as numpy, sharing its memory when it is a CPU tensor with plain
+    strided memory: torch's own numpy bridge is DLPack's zero-copy import at a fraction of its
+    per-call cost. bfloat16 comes back as ml_dtypes.bfloat16, the float8 types as ml_dtypes'
+    types of the same names; other dtypes go through DLPack.
+
+    Refused by name: tensors whose memory does not hold their values (subclasses that dispatch
+    every op themselves, such as FakeTensor, DTensor and torchao's tensors; meta tensors; other
+    layouts). The negative and conjugate bits are resolved (a copy): the memory holds the values
+    before negation or conjugation, and neither numpy nor DLPack carries the bit."""
     torch = _torch_module()
+    if type(t).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        raise TypeError(
+            f"{what}: a {type(t).__name__} is a tensor subclass that computes its values itself "
+            "(as FakeTensor, DTensor and torchao's tensors do), not plain memory microscale can "
+            "read; pass a plain torch.Tensor (e.g. its .dequantize() or .full_tensor())")
+    if t.layout is not torch.strided or t.is_nested:
+        raise TypeError(f"{what}: a {'nested' if t.is_nested else t.layout} tensor is not plain "
+                        "strided memory; pass a dense tensor (e.g. .to_dense())")
+    if t.device.type == "meta":
+        raise ValueError(f"{what}: a meta tensor has no data (only a shape and dtype); pass a "
+                         "tensor on the CPU")
     if t.requires_grad:
         t = t.detach()
+    if t.is_neg() or t.is_conj():
+        t = t.resolve_neg().resolve_conj()
+    if not t.is_cpu:
+        return _host_view(t, what)  # which refuses device memory by name
+    if t.data_ptr() == 0 and t.numel() != 0:
+        raise ValueError(f"{what}: the tensor has no data (a null data pointer with "
+                         f"{t.numel()} elements)")
     dtype = t.dtype
     try:
         if dtype is torch.float32 or dtype is torch.float16:
@@ -143,10 +185,10 @@ def _torch_view(t, what):
         if dtype is torch.bfloat16:
             return t.view(torch.int16).numpy().view(_BF16)
         if t.element_size() == 1 and str(dtype).startswith("torch.float8_"):
-            return t.view(torch.uint8).numpy()
+            return t.view(torch.uint8).numpy().view(getattr(ml_dtypes, str(dtype)[6:]))
         return t.numpy()
-    except (TypeError, RuntimeError):
-        return _core.host_view(t, what)
+    except (TypeError, RuntimeError, AttributeError):  # AttributeError: a float8 type ml_dtypes lacks
+        return _host_view(t, what)
 
 
 class OutType(enum.Enum):
@@ -161,16 +203,16 @@ _KIND_OF_TYPE = {np.ndarray: OutType.numpy}
 
 
 def _kind_of(a):
-    """The OutType matching ``a``'s array type: torch and MLX arrays come back as their own type,
-    everything else (numpy, JAX, other DLPack producers) as numpy. Cached per type: this runs on
-    every call."""
+    """The OutType matching ``a``'s array type: torch tensors (subclasses included) and MLX arrays
+    come back as their own type, everything else (numpy, JAX, other DLPack producers) as numpy.
+    Cached per type: this runs on every call."""
     cls = type(a)
     kind = _KIND_OF_TYPE.get(cls)
     if kind is None:
-        module = cls.__module__
-        if module.startswith("torch"):
+        torch = sys.modules.get("torch")  # imported wherever a torch tensor exists
+        if torch is not None and issubclass(cls, torch.Tensor):
             kind = OutType.torch
-        elif module.startswith("mlx"):
+        elif cls.__module__.startswith("mlx"):
             kind = OutType.mlx
         else:
             kind = OutType.numpy
@@ -234,21 +276,64 @@ def _float_input(a, what):
 
 def _any_input(a, what, allowed):
     """(array for _core, dtype name) for an array whose dtype name is in `allowed`; the name is
-    for the checks here (ml_dtypes' 8-bit floats count as uint8 codes), _core reads the array's
-    own dtype."""
+    for the checks here ("float8": one of the 8-bit float types read as codes, which the caller
+    checks with _check_codes), _core reads the array's own dtype."""
     arr = _as_array(a, what)
     if arr.dtype in _FLOAT_NAMES:
         name = _FLOAT_NAMES[arr.dtype]
-    elif arr.dtype in _BYTE_CODE_DTYPES or arr.dtype == np.uint8:
+    elif arr.dtype == np.uint8:
         name = "uint8"
+    elif arr.dtype in _BYTE_CODE_DTYPES:
+        name = "float8"
     elif arr.dtype == np.uint32:
         name = "uint32"
     else:
         name = None
     if name not in allowed:
+        shown = sorted(n for k in allowed for n in (_BYTE_CODE_NAMES if k == "float8" else [k]))
         raise TypeError(f"{what}: unsupported dtype {arr.dtype} (expected one of "
-                        f"{', '.join(sorted(allowed))})")
+                        f"{', '.join(shown)})")
     return arr, name
+
+
+def _check_codes(arr, what, role, fmt, dtype):
+    """Refuses a float8 array of codes unless its type is `dtype`, that of their format `fmt`: the
+    bytes of another float8 type are another format's codes, which would decode as wrong values."""
+    if dtype is None:
+        raise TypeError(f"{what}: {role} are not 8-bit codes, got {arr.dtype}")
+    if arr.dtype != dtype:
+        raise TypeError(f"{what}: {role} are {fmt} codes, uint8 or {dtype.name}; got {arr.dtype}, "
+                        f"which holds another format's codes")
+
+
+def _scales_input(scales, what, spec):
+    """The scales for _core: affine's float scales, or an fp mode's codes, uint8 or the float8 type
+    of the mode's scale format (nvfp4: E4M3, float8_e4m3fn; mxfp4, mxfp8: E8M0, float8_e8m0fnu)."""
+    arr, name = _any_input(scales, what, {"uint8", "float8", "float32", "float16", "bfloat16"})
+    if name == "float8":
+        mode = spec.mode.name
+        _check_codes(arr, what, f"{mode} scales", *_SCALE_FORMAT.get(mode, (None, None)))
+    return arr
+
+
+def _packed_input(w_q, what, spec):
+    """The packed values for _core: uint8, MLX's uint32 read as its little-endian bytes, or for
+    mxfp8 the float8 type of its element format (float8_e4m3fn, float8_e5m2)."""
+    arr, name = _any_input(w_q, what, {"uint8", "uint32", "float8"})
+    if name == "float8":
+        mode = spec.mode.name
+        if mode == "mxfp8":
+            elem = spec.elem.name
+            _check_codes(arr, what, f"mxfp8 {elem} elements", elem.upper(), _CODE_DTYPES[elem])
+        else:
+            raise TypeError(f"{what}: {mode} packs its codes into bytes: uint8 (or uint32), got "
+                            f"{arr.dtype}")
+    elif name == "uint32":
+        if arr.ndim == 0:
+            raise ValueError(f"{what} must have rank >= 1")
+        arr = _c_contig(arr).astype("<u4", copy=False)
+        arr = arr.view(np.uint8).reshape(arr.shape[:-1] + (arr.shape[-1] * 4,))
+    return arr
 
 
 def _c_contig(arr):
@@ -306,7 +391,9 @@ def _global_scale_arg(g):
         return None
     if isinstance(g, bool):
         raise TypeError("global_scale must be a number, got bool")
-    arr = np.asarray(g)
+    # A tensor is read as the array arguments are (np.asarray would read a torch tensor's memory
+    # without its negative bit, or fail on one that has no memory).
+    arr = _as_array(g, "global_scale") if hasattr(type(g), "__dlpack__") else np.asarray(g)
     if arr.size != 1:
         raise ValueError(f"global_scale must be a scalar or a 1-element array, got shape {arr.shape}")
     if arr.dtype == _BF16 or arr.dtype.kind in "fiu":
@@ -327,12 +414,16 @@ def _spec(mode, group_size=None, bits=None, scale_rule="ceil", nonfinite="propag
           hadamard=False, sr_seed=None):
     """The _core.QuantSpec of these arguments: types checked here, names parsed (and refused,
     ValueError) by the C++ enums' from_name."""
+    if global_scale is not None and not isinstance(global_scale, (float, int, np.generic)):
+        # An array (a torch tensor hashes by identity, and its value may change in place).
+        return _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
+                          scale_search, scale_2d, hadamard, sr_seed)
     key = (mode, group_size, type(group_size), bits, type(bits), scale_rule, nonfinite, layout,
            elem, global_scale, type(global_scale), scale_search, scale_2d, type(scale_2d),
            hadamard, type(hadamard), sr_seed, type(sr_seed))
     try:
         return _SPEC_CACHE[key]
-    except (KeyError, TypeError):  # TypeError: an array global_scale is not hashable
+    except (KeyError, TypeError):  # TypeError: an unhashable argument
         pass
     spec = _make_spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale,
                       scale_search, scale_2d, hadamard, sr_seed)
@@ -493,9 +584,12 @@ def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype=
 
     Args:
       w_q: packed values, uint8 ``[..., K*bits/8]``, or MLX's uint32 ``[..., K*bits/32]`` (read
-        as little-endian bytes).
-      scales: fp modes: uint8 codes (or ml_dtypes float8_e4m3fn / float8_e8m0fnu arrays) in the
-        given ``layout``; affine: float32, float16 or bfloat16.
+        as little-endian bytes); mxfp8 also takes its element type (``float8_e4m3fn``, or
+        ``float8_e5m2`` with ``elem="e5m2"``).
+      scales: fp modes: uint8 codes in the given ``layout``, or an array of the float8 type of
+        the mode's scale format (nvfp4: ``float8_e4m3fn``; mxfp4, mxfp8: ``float8_e8m0fnu``; numpy
+        ml_dtypes or torch); another float8 type is a TypeError. affine: float32, float16 or
+        bfloat16.
       biases: affine only, same shape as ``scales``.
       mode, group_size, bits, layout, elem: as given to :func:`quantize`.
       global_scale: nvfp4 only: the amax that was passed to :func:`quantize` (three-level decode
@@ -510,15 +604,10 @@ def dequantize(w_q, scales, biases=None, mode="nvfp4", global_scale=None, dtype=
       array ``[..., K]`` of ``dtype``.
     """
     out_name = _dtype_name(dtype)
-    pw, pname = _any_input(w_q, "w_q", {"uint8", "uint32"})
-    if pname == "uint32":
-        if pw.ndim == 0:
-            raise ValueError("w_q must have rank >= 1")
-        pw = _c_contig(pw).astype("<u4", copy=False)
-        pw = pw.view(np.uint8).reshape(pw.shape[:-1] + (pw.shape[-1] * 4,))
-    sw, _ = _any_input(scales, "scales", {"uint8", "float32", "float16", "bfloat16"})
-    bw = None if biases is None else _any_input(biases, "biases", {"float32", "float16", "bfloat16"})[0]
     spec = _spec(mode, group_size, bits, scale_rule, nonfinite, layout, elem, global_scale)
+    pw = _packed_input(w_q, "w_q", spec)
+    sw = _scales_input(scales, "scales", spec)
+    bw = None if biases is None else _any_input(biases, "biases", {"float32", "float16", "bfloat16"})[0]
     return _deliver(_core.dequantize(pw, sw, bw, spec, _core.DType[out_name]),
                     _out_kind(out_type, w_q))
 
@@ -617,13 +706,13 @@ def hadamard_transform(x, dtype="float32", out_type=None):
 def swizzle_scales(scales, out_type=None):
     """Compact uint8 scales ``[R, C]`` (leading axes of higher ranks are flattened into R) to the
     swizzled ``[roundup(R,128), roundup(C,4)]`` layout of FORMATS.md section 4, zero-padded."""
-    arr, _ = _any_input(scales, "scales", {"uint8"})
+    arr, _ = _any_input(scales, "scales", {"uint8", "float8"})  # bytes moved, whatever their format
     return _deliver(_core.swizzle_scales(arr), _out_kind(out_type, scales))
 
 
 def unswizzle_scales(scales, rows, cols, out_type=None):
     """Inverse of :func:`swizzle_scales`: the compact ``[rows, cols]`` uint8 scales."""
-    arr, _ = _any_input(scales, "scales", {"uint8"})
+    arr, _ = _any_input(scales, "scales", {"uint8", "float8"})
     r = operator.index(rows)
     c = operator.index(cols)
     if r < 0 or c < 0:
@@ -702,7 +791,10 @@ def decode(codes, fmt, out_type=None):
 def set_backend(name):
     """Select the backend that runs quantize/dequantize: ``"cpu"`` (default: SIMD kernels and
     threads) or ``"reference"`` (the scalar executable spec). Both give identical bytes.
-    Process-wide; the environment variable MICROSCALE_BACKEND sets the initial value."""
+    Process-wide; the environment variable MICROSCALE_BACKEND sets the initial value (a value
+    that names no backend is a ValueError naming the variable, raised by every op and by the
+    runtime functions until it is fixed; MICROSCALE_CPU_TARGET and MICROSCALE_NUM_THREADS the
+    same)."""
     _core.set_backend(_str(name, "name"))
 
 
@@ -730,9 +822,11 @@ def available_cpu_targets():
 
 
 def set_num_threads(n):
-    """Threads per call, the caller's included; ``n <= 0`` restores the default
-    (MICROSCALE_NUM_THREADS, then OMP_NUM_THREADS, then the CPUs this process may run on)."""
-    _core.set_num_threads(operator.index(n))
+    """Threads per call, the caller's included, at most 1024 (larger counts mean 1024); ``n <= 0``
+    restores the default (MICROSCALE_NUM_THREADS, then OMP_NUM_THREADS, then the CPUs this process
+    may run on)."""
+    n = operator.index(n)
+    _core.set_num_threads(min(n, _core.MAX_THREADS) if n > 0 else 0)
 
 
 def num_threads():

@@ -183,6 +183,7 @@ class QuantizedLinear(_Layer):
                     group_size: Optional[int] = ..., bits: Optional[int] = ...,
                     use_global_scale: bool = ..., global_scale: Optional[Scalar] = ...,
                     scale_rule: str = ..., nonfinite: str = ..., elem: str = ...) -> QuantizedLinear: ...
+    from_float = from_linear  # type: ignore[assignment]
     @property
     def in_features(self) -> int: ...
     @property
@@ -203,6 +204,7 @@ class QuantizedEmbedding(_Layer):
                        bits: Optional[int] = ..., use_global_scale: bool = ...,
                        global_scale: Optional[Scalar] = ..., scale_rule: str = ...,
                        nonfinite: str = ..., elem: str = ...) -> QuantizedEmbedding: ...
+    from_float = from_embedding  # type: ignore[assignment]
     @property
     def num_embeddings(self) -> int: ...
     @property
@@ -231,6 +233,7 @@ class QQLinear(_Layer):
                     group_size: Optional[int] = ..., bits: Optional[int] = ...,
                     global_scale: Optional[Scalar] = ..., scale_rule: str = ...,
                     nonfinite: str = ..., elem: str = ...) -> QQLinear: ...
+    from_float = from_linear  # type: ignore[assignment]
     @property
     def in_features(self) -> int: ...
     @property

@@ -55,16 +55,6 @@ class LoadedCheckpoint:
     format: str = "none"
 
 
-def _tensor_array(a, what):
-    """A tensor to store as numpy, in its own dtype: the package reads torch's float8 tensors as
-    their uint8 codes, so they are viewed back as ml_dtypes' type of the same name."""
-    torch_float8 = str(getattr(a, "dtype", "")).rsplit(".", 1)[-1]
-    arr = _as_array(a, what)
-    if arr.dtype == np.uint8 and torch_float8.startswith("float8_") and hasattr(ml_dtypes, torch_float8):
-        arr = arr.view(getattr(ml_dtypes, torch_float8))
-    return arr
-
-
 def load_checkpoint(path) -> LoadedCheckpoint:
     """Read a model directory (config.json + safetensors shards), an index .json or a .safetensors
     file in compressed-tensors, ModelOpt or MLX layout (or unquantized)."""
@@ -138,7 +128,7 @@ def save_checkpoint(path, layers, tensors=None, config=None, export="mlx", force
         data.add_layer(_core.QuantizedLayer(module, q._to_core(),
                                             None if q.input_amax is None else float(q.input_amax)))
     for name, a in (tensors or {}).items():
-        a = np.ascontiguousarray(_tensor_array(a, f"tensors[{name!r}]"))
+        a = np.ascontiguousarray(_as_array(a, f"tensors[{name!r}]"))  # float8 in ml_dtypes' types
         st = _NP_TO_ST.get(a.dtype)
         if st is None:
             raise TypeError(f"tensors[{name!r}]: dtype {a.dtype} has no safetensors name")

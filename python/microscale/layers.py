@@ -18,24 +18,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import (_NAME_TO_DTYPE, _as_array, _core, _dtype_name, _float_input, _global_scale_arg,
-               _out_kind, _spec, _str, dequantize, global_scale)
-from .matmul import _indices, qqmm, quantized_matmul
+from . import (_NAME_TO_DTYPE, _any_input, _as_array, _core, _dtype_name, _float_input,
+               _global_scale_arg, _out_kind, _spec, _str, dequantize, global_scale)
+from .matmul import _FLOATS, _indices, qqmm, quantized_matmul
 from .weight import QuantizedWeight
 
 __all__ = ["QuantizedLinear", "QuantizedEmbedding", "QQLinear"]
 
 
-def _quantize_weight(weight, layer, mode, group_size, bits, global_scale_, use_global_scale,
+def _quantize_weight(weight, what, mode, group_size, bits, global_scale_, use_global_scale,
                      scale_rule, nonfinite, elem):
     """Quantize a 2-D float weight for a layer: compact scales, and for nvfp4 the weight's own
     amax as global scale unless one is given or use_global_scale is False."""
-    arr = _float_input(weight, f"{layer}: weight")
+    arr = _float_input(weight, what)
     if arr.ndim != 2:
-        raise ValueError(f"{layer}: weight must be 2-D, got shape {arr.shape}")
+        raise ValueError(f"{what} must be 2-D, got shape {arr.shape}")
     mode = _str(mode, "mode")
     if mode == "nvfp4" and use_global_scale and global_scale_ is None:
-        global_scale_ = global_scale(weight)
+        global_scale_ = global_scale(arr)
     gs = _global_scale_arg(global_scale_)
     q = _core.quantize(arr, _spec(mode, group_size, bits, scale_rule, nonfinite, "compact", elem, gs))
     return dict(weight=q.packed, scales=q.scales, biases=q.biases, mode=mode,
@@ -70,9 +70,10 @@ class _Layer(QuantizedWeight):
 
     def __init__(self, weight, scales, biases=None, mode="nvfp4", group_size=None, bits=None,
                  global_scale=None, elem="e4m3"):
-        self.packed = _as_array(weight, "weight")
-        self.scales = _as_array(scales, "scales")
-        self.biases = None if biases is None else _as_array(biases, "biases")
+        # The dtypes are checked here, the formats by the products, which know the spec.
+        self.packed = _any_input(weight, "weight", {"uint8", "uint32", "float8"})[0]
+        self.scales = _any_input(scales, "scales", {"uint8", "float8", *_FLOATS})[0]
+        self.biases = None if biases is None else _any_input(biases, "biases", _FLOATS)[0]
         self.mode = _str(mode, "mode")
         default_group, default_bits = _core.mode_defaults(self.mode) or (None, None)
         self.group_size = default_group if group_size is None else group_size
@@ -114,15 +115,15 @@ class _Layer(QuantizedWeight):
 class QuantizedLinear(_Layer):
     """``y = x @ W^T + bias`` with W ``[out_features, in_features]`` quantized once.
 
-    Build with :meth:`from_linear`, or from existing parts (e.g. a checkpoint) with the
-    constructor: ``QuantizedLinear(weight, scales, biases=None, bias=None, mode=..., group_size=...,
-    bits=..., global_scale=..., elem=...)``.
+    Build with :meth:`from_linear` (also named :meth:`from_float`), or from existing parts (e.g.
+    a checkpoint) with the constructor: ``QuantizedLinear(weight, scales, biases=None, bias=None,
+    mode=..., group_size=..., bits=..., global_scale=..., elem=...)``.
     """
 
     def __init__(self, weight, scales, biases=None, bias=None, mode="nvfp4", group_size=None,
                  bits=None, global_scale=None, elem="e4m3"):
         super().__init__(weight, scales, biases, mode, group_size, bits, global_scale, elem)
-        self.bias = None if bias is None else _as_array(bias, "bias")
+        self.bias = None if bias is None else _any_input(bias, "bias", _FLOATS)[0]
 
     @classmethod
     def from_linear(cls, weight, bias=None, mode="nvfp4", group_size=None, bits=None,
@@ -131,10 +132,14 @@ class QuantizedLinear(_Layer):
         """Quantize a float ``[N, K]`` weight (and keep an optional float ``[N]`` bias in its
         dtype). nvfp4 weights are three-level with their own amax as global scale unless
         ``global_scale`` is given or ``use_global_scale`` is False."""
-        parts = _quantize_weight(weight, "QuantizedLinear", mode, group_size, bits, global_scale,
+        parts = _quantize_weight(weight, "QuantizedLinear: weight", mode, group_size, bits, global_scale,
                                  use_global_scale, scale_rule, nonfinite, elem)
         n = parts["weight"].shape[0]
         return cls(bias=_copy_bias(bias, n, "QuantizedLinear"), **parts)
+
+    # A layer from a float weight is from_linear, under the name torch's quantized modules use
+    # (the inherited QuantizedWeight.from_float would build the bare weight's arguments).
+    from_float = from_linear
 
     @property
     def in_features(self):
@@ -165,9 +170,11 @@ class QuantizedEmbedding(_Layer):
                        use_global_scale=True, global_scale=None, scale_rule="ceil",
                        nonfinite="propagate", elem="e4m3"):
         """Quantize a float ``[V, D]`` table; lookups return the table's dtype."""
-        parts = _quantize_weight(table, "QuantizedEmbedding", mode, group_size, bits, global_scale,
+        parts = _quantize_weight(table, "QuantizedEmbedding: table", mode, group_size, bits, global_scale,
                                  use_global_scale, scale_rule, nonfinite, elem)
         return cls(dtype=_as_array(table, "QuantizedEmbedding: table").dtype, **parts)
+
+    from_float = from_embedding  # as QuantizedLinear.from_float
 
     @property
     def num_embeddings(self):
@@ -213,7 +220,7 @@ class QQLinear(_Layer):
                  global_scale=None, input_global_scale=None, scale_rule="ceil",
                  nonfinite="propagate", elem="e4m3"):
         super().__init__(weight, scales, None, mode, group_size, bits, global_scale, elem)
-        self.bias = None if bias is None else _as_array(bias, "bias")
+        self.bias = None if bias is None else _any_input(bias, "bias", _FLOATS)[0]
         if input_global_scale is not None and self.global_scale is None:
             raise ValueError("QQLinear: input_global_scale needs a three-level nvfp4 weight "
                              "(global_scale); other modes have no activation global scale")
@@ -239,12 +246,14 @@ class QQLinear(_Layer):
         weight and to every activation."""
         if mode == "affine":
             raise ValueError("QQLinear: mode must be nvfp4, mxfp4 or mxfp8")
-        parts = _quantize_weight(weight, "QQLinear", mode, group_size, bits, global_scale, True,
+        parts = _quantize_weight(weight, "QQLinear: weight", mode, group_size, bits, global_scale, True,
                                  scale_rule, nonfinite, elem)
         del parts["biases"]
         n = parts["weight"].shape[0]
         return cls(bias=_copy_bias(bias, n, "QQLinear"), scale_rule=scale_rule,
                    nonfinite=nonfinite, **parts)
+
+    from_float = from_linear  # as QuantizedLinear.from_float
 
     @property
     def in_features(self):
@@ -286,11 +295,12 @@ class QQLinear(_Layer):
 
     def __call__(self, x, out_type=None):
         """``x [..., in_features]`` -> ``[..., out_features]`` in x's dtype."""
+        xa = _float_input(x, "x")  # once, for the amax and the product
         gx = None
         if self.global_scale is not None:
-            gx = self.input_global_scale if self.input_global_scale is not None else global_scale(x)
-        return qqmm(x, self.weight, self.scales, self.mode, self.group_size, self.bits, gx,
+            gx = self.input_global_scale if self.input_global_scale is not None else global_scale(xa)
+        return qqmm(xa, self.weight, self.scales, self.mode, self.group_size, self.bits, gx,
                     self.global_scale, self.scale_rule, self.nonfinite, self.elem, self.bias,
-                    out_type)
+                    _out_kind(out_type, x))
 
     forward = __call__

@@ -20,23 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import (_FLOAT_NAMES, _any_input, _as_array, _c_contig, _core, _deliver, _float_input,
-               _global_scale_arg, _out_kind, _spec)
+from . import (_BYTE_CODE_DTYPES, _FLOAT_NAMES, _any_input, _as_array, _core, _deliver,
+               _float_input, _global_scale_arg, _out_kind, _packed_input, _scales_input, _spec)
 
 __all__ = ["quantized_matmul", "qqmm", "gather_qmm"]
 
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.uint32))
-
-
-def _packed(w_q, what="w_q"):
-    """uint8 packed values; MLX's uint32 ``w_q`` is read as its little-endian bytes."""
-    arr, name = _any_input(w_q, what, {"uint8", "uint32"})
-    if name == "uint32":
-        if arr.ndim == 0:
-            raise ValueError(f"{what} must have rank >= 1")
-        arr = _c_contig(arr).astype("<u4", copy=False)
-        arr = arr.view(np.uint8).reshape(arr.shape[:-1] + (arr.shape[-1] * 4,))
-    return arr
 
 
 def _optional(a, what, allowed):
@@ -57,7 +46,6 @@ def _indices(a, what):
 
 
 _FLOATS = {"float32", "float16", "bfloat16"}
-_SCALES = {"uint8", "float32", "float16", "bfloat16"}
 
 
 def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", group_size=None,
@@ -72,7 +60,9 @@ def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", 
       w_q, scales, biases: the quantized weight. ``transpose=True``: W is logical ``[..., N, K]``,
         ``w_q`` uint8 ``[..., N, K*bits/8]`` (or MLX's uint32 ``[..., N, K*bits/32]``) with groups
         along K; ``transpose=False``: W is logical ``[..., K, N]`` with groups along N. Batch axes
-        of x and W broadcast. ``biases`` is required for affine and refused otherwise.
+        of x and W broadcast. ``biases`` is required for affine and refused otherwise. Scales
+        and packed values may be float8 arrays of their own format, as
+        :func:`microscale.dequantize` takes them.
       mode, group_size, bits, elem: as given to :func:`microscale.quantize`.
       global_scale_w: nvfp4 three-level weights: the amax passed to :func:`microscale.quantize`.
       bias: optional float ``[N]`` added in float32 before the single rounding.
@@ -82,12 +72,12 @@ def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", 
       ``[..., M, N]`` in x's dtype; affine: float32 unless x and the scales share a half dtype.
     """
     xa = _float_input(x, "x")
-    sa, _ = _any_input(scales, "scales", _SCALES)
+    spec = _spec(mode, group_size, bits, elem=elem, global_scale=global_scale_w)
+    sa = _scales_input(scales, "scales", spec)
     ba = _optional(biases, "biases", _FLOATS)
     ya = _optional(bias, "bias", _FLOATS)
-    wa = _packed(w_q)
+    wa = _packed_input(w_q, "w_q", spec)
     transpose = bool(transpose)
-    spec = _spec(mode, group_size, bits, elem=elem, global_scale=global_scale_w)
     return _deliver(_core.quantized_matmul(xa, wa, sa, ba, transpose, spec, ya),
                     _out_kind(out_type, x))
 
@@ -99,25 +89,26 @@ def qqmm(x, w, scales=None, mode="nvfp4", group_size=None, bits=None, global_sca
 
     x (float, ``[..., K]``) is quantized on every call exactly as :func:`microscale.quantize`
     does with the same arguments (and ``global_scale=global_scale_x``). w is 2-D: either float
-    ``[N, K]`` (quantized here with ``global_scale_w``) or packed uint8 / uint32 with its uint8
-    ``scales``. Per K-block the exact block dot product is scaled by the two block scales; for
+    ``[N, K]`` (quantized here with ``global_scale_w``) or packed uint8 / uint32 with its
+    ``scales`` (uint8 codes, or float8 arrays of their own format as :func:`microscale.dequantize`
+    takes them). Per K-block the exact block dot product is scaled by the two block scales; for
     three-level nvfp4 (both global scales given; one alone is an error) the float32 sum is
     multiplied by ``(global_scale_x * global_scale_w) / 2688**2``. Returns ``[..., N]`` in x's
     dtype (and array type, unless ``out_type`` says otherwise); optional float ``bias [N]`` is
     added before rounding.
     """
     xa = _float_input(x, "x")
+    spec = _spec(mode, group_size, bits, scale_rule, nonfinite, elem=elem)
     w_arr = _as_array(w, "w")
     if w_arr.dtype in _FLOAT_NAMES:
         wa = _float_input(w_arr, "w")
-    elif w_arr.dtype in (np.uint8, np.uint32):
-        wa = _packed(w_arr, "w")
+    elif w_arr.dtype in (np.uint8, np.uint32) or w_arr.dtype in _BYTE_CODE_DTYPES:
+        wa = _packed_input(w_arr, "w", spec)
     else:
         raise TypeError(f"w: unsupported dtype {w_arr.dtype} (expected float32, float16, "
                         "ml_dtypes.bfloat16, or packed uint8 / uint32)")
-    sa = _optional(scales, "scales", {"uint8"})
+    sa = None if scales is None else _scales_input(scales, "scales", spec)
     ya = _optional(bias, "bias", _FLOATS)
-    spec = _spec(mode, group_size, bits, scale_rule, nonfinite, elem=elem)
     return _deliver(_core.qqmm(xa, wa, sa, spec, _global_scale_arg(global_scale_x),
                                _global_scale_arg(global_scale_w), ya), _out_kind(out_type, x))
 
@@ -136,12 +127,12 @@ def gather_qmm(x, w_q, scales, biases=None, lhs_indices=None, rhs_indices=None, 
     ``[T, 1, 1, K]`` and ``rhs_indices`` as ``[T, k]``.
     """
     xa = _float_input(x, "x")
-    sa, _ = _any_input(scales, "scales", _SCALES)
+    spec = _spec(mode, group_size, bits, elem=elem, global_scale=global_scale_w)
+    sa = _scales_input(scales, "scales", spec)
     ba = _optional(biases, "biases", _FLOATS)
     la = _indices(lhs_indices, "lhs_indices")
     ra = _indices(rhs_indices, "rhs_indices")
-    wa = _packed(w_q)
+    wa = _packed_input(w_q, "w_q", spec)
     transpose = bool(transpose)
-    spec = _spec(mode, group_size, bits, elem=elem, global_scale=global_scale_w)
     return _deliver(_core.gather_qmm(xa, wa, sa, ba, la, ra, transpose, spec, bool(sorted_indices)),
                     _out_kind(out_type, x))

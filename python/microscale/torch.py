@@ -35,7 +35,8 @@ from typing import Any, Iterable, Optional, Union
 import numpy as np
 import torch
 
-from . import OutType, _core, _deliver, dequantize, global_scale, qqmm, quantize, quantized_matmul
+from . import (OutType, _core, _deliver, _float_input, _global_scale_arg, dequantize, global_scale,
+               qqmm, quantize, quantized_matmul)
 
 __all__ = ["FakeQuantize", "fake_quantize", "QuantizedLinear", "QQLinear"]
 
@@ -71,7 +72,7 @@ class FakeQuantize(torch.autograd.Function):
                 bits: Optional[int], global_scale_: Optional[float], scale_rule: str,
                 elem: str) -> torch.Tensor:
         xd = x.detach()
-        parts = quantize(xd, mode=mode, group_size=group_size, bits=bits,
+        parts = quantize(_float_input(xd, "x"), mode=mode, group_size=group_size, bits=bits,
                          global_scale=global_scale_, scale_rule=scale_rule, elem=elem,
                          out_type="torch")
         y: torch.Tensor = dequantize(*parts, mode=mode, group_size=group_size, bits=bits,
@@ -111,7 +112,7 @@ def fake_quantize(x: torch.Tensor, mode: str = "nvfp4", group_size: Optional[int
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     _dtype_name(x.dtype)
     if isinstance(global_scale, torch.Tensor):
-        global_scale = float(global_scale.detach().float().cpu())
+        global_scale = _global_scale_arg(global_scale)
     y: torch.Tensor = FakeQuantize.apply(x, mode, group_size, bits, global_scale, scale_rule, elem)
     return y
 
@@ -187,6 +188,9 @@ class QuantizedLinear(torch.nn.Module):
                    _torch(layer.bias), layer.mode, layer.group_size, layer.bits,
                    layer.global_scale, layer.elem)
 
+    # torch.ao's quantized modules are built with from_float(float_module).
+    from_float = from_linear
+
     @property
     def in_features(self) -> int:
         return int(self.weight.shape[-1]) * 8 // self.bits
@@ -259,6 +263,8 @@ class QQLinear(torch.nn.Module):
                    layer.group_size, layer.bits, layer.global_scale, None, scale_rule,
                    nonfinite, elem)
 
+    from_float = from_linear  # as QuantizedLinear.from_float
+
     @property
     def in_features(self) -> int:
         return int(self.weight.shape[-1]) * 8 // self.bits
@@ -279,10 +285,11 @@ class QQLinear(torch.nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xa = _float_input(x, "x")  # once, for the amax and the product
         gx = None
         if self.global_scale is not None:
-            gx = self.input_global_scale if self.input_global_scale is not None else global_scale(x)
-        y: torch.Tensor = qqmm(x, self.weight, self.scales, self.mode, self.group_size, self.bits,
+            gx = self.input_global_scale if self.input_global_scale is not None else global_scale(xa)
+        y: torch.Tensor = qqmm(xa, self.weight, self.scales, self.mode, self.group_size, self.bits,
                                gx, self.global_scale, self.scale_rule, self.nonfinite, self.elem,
                                self.bias, out_type="torch")
         return y

@@ -35,6 +35,7 @@ class QuantizedLinear(torch.nn.Module):
                     mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
                     use_global_scale: bool = ..., global_scale: Optional[float] = ...,
                     scale_rule: str = ..., elem: str = ...) -> QuantizedLinear: ...
+    from_float = from_linear
     @property
     def in_features(self) -> int: ...
     @property
@@ -63,6 +64,7 @@ class QQLinear(torch.nn.Module):
                     mode: str = ..., group_size: Optional[int] = ..., bits: Optional[int] = ...,
                     global_scale: Optional[float] = ..., scale_rule: str = ..., nonfinite: str = ...,
                     elem: str = ...) -> QQLinear: ...
+    from_float = from_linear
     @property
     def in_features(self) -> int: ...
     @property

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import _FLOAT_NAMES, _core
+from . import _any_input, _core, _packed_input, _scales_input
 
 __all__ = ["QuantizedWeight"]
 
@@ -67,23 +67,21 @@ class QuantizedWeight:
                    s.global_scale, input_amax, s.elem.name)
 
     def _to_core(self):
-        packed, scales = _stored(self.packed), _stored(self.scales)
-        biases = None if self.biases is None else _stored(self.biases)
         spec = _core.QuantSpec(
             mode=_core.Mode.from_name(self.mode), group_size=int(self.group_size), bits=int(self.bits),
             elem=_core.Elem.from_name(self.elem),
             global_scale=None if self.global_scale is None else float(self.global_scale))
+        packed = _stored(_packed_input(self.packed, "QuantizedWeight.packed", spec))
+        scales = _stored(_scales_input(self.scales, "QuantizedWeight.scales", spec))
+        biases = None
+        if self.biases is not None:
+            biases = _stored(_any_input(self.biases, "QuantizedWeight.biases",
+                                        {"float32", "float16", "bfloat16"})[0])
         return _core.Quantized(packed, scales, biases, spec, [int(d) for d in self.shape])
 
 
 def _stored(a):
-    """A part as _core.Quantized copies it: C-contiguous float32 / float16 / bfloat16, or bytes
-    (uint8 codes, or any other 1-byte type's bytes)."""
-    from . import _as_array
-
-    a = np.ascontiguousarray(_as_array(a, "QuantizedWeight part"))
-    if a.dtype in _FLOAT_NAMES:
-        return a
-    if a.dtype.itemsize == 1:
-        return a.view(np.uint8)
-    raise TypeError(f"unsupported array dtype {a.dtype}")
+    """A part as _core.Quantized copies it: C-contiguous, 8-bit float codes as their uint8 bytes
+    (the caller has checked their format)."""
+    a = np.ascontiguousarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a

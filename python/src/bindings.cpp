@@ -264,12 +264,32 @@ nb::object py_decode(const InArray& codes, const std::string& fmt_name) {
   return vector_to_numpy(std::move(out), shape);
 }
 
+// The ml_dtypes name of a DLPack 8-bit float code; nullptr for a code that names no 8-bit float
+// format (producers that predate the float8 codes export them as plain Float, whose format is
+// unknown).
+const char* float8_name(nb::dlpack::dtype dt) {
+  using nb::dlpack::dtype_code;
+  if (dt.bits != 8 || dt.lanes != 1) return nullptr;
+  switch (static_cast<dtype_code>(dt.code)) {
+    case dtype_code::Float8_E3M4: return "float8_e3m4";
+    case dtype_code::Float8_E4M3: return "float8_e4m3";
+    case dtype_code::Float8_E4M3B11FNUZ: return "float8_e4m3b11fnuz";
+    case dtype_code::Float8_E4M3FN: return "float8_e4m3fn";
+    case dtype_code::Float8_E4M3FNUZ: return "float8_e4m3fnuz";
+    case dtype_code::Float8_E5M2: return "float8_e5m2";
+    case dtype_code::Float8_E5M2FNUZ: return "float8_e5m2fnuz";
+    case dtype_code::Float8_E8M0FNU: return "float8_e8m0fnu";
+    default: return nullptr;
+  }
+}
+
 // A read-only numpy view of any DLPack producer's host memory (torch, MLX, JAX, CuPy host
 // arrays), so that the Python layer checks one array type. No copy: the view holds the import,
 // which holds the producer's buffer. bfloat16 comes back as ml_dtypes.bfloat16 (numpy has no
-// bfloat16 of its own) and the 8-bit float types (float8_e4m3fn, float8_e8m0fnu, ...) as their
-// uint8 codes, which is how microscale reads scales.
-nb::object py_host_view(nb::handle obj, const std::string& what) {
+// bfloat16 of its own); 8-bit floats as their uint8 codes with the name of their ml_dtypes type,
+// which the Python layer views them as: microscale reads codes only where their format is the
+// one expected. Returns (array, ml_dtypes name or None).
+nb::tuple py_host_view(nb::handle obj, const std::string& what) {
   nb::ndarray<nb::ro> a;
   if (!nb::try_cast(obj, a)) {
     throw nb::type_error((what + ": cannot be read through DLPack (expected an array with __dlpack__)").c_str());
@@ -280,14 +300,26 @@ nb::object py_host_view(nb::handle obj, const std::string& what) {
                     std::to_string(a.device_type()) +
                     "); microscale's Python functions read host memory: copy it to the CPU first (e.g. tensor.cpu())");
   }
+  // A producer without storage (a tensor that only carries a shape) exports a null pointer.
+  if (a.data() == nullptr && a.size() != 0) {
+    throw ms::Error(what + ": the array has no data (a null data pointer with " + std::to_string(a.size()) +
+                    " elements)");
+  }
   using nb::dlpack::dtype_code;
   nb::dlpack::dtype dt = a.dtype();
   const bool bf16 = dt.code == static_cast<std::uint8_t>(dtype_code::Bfloat) && dt.bits == 16;
-  const bool byte_float = dt.bits == 8 && dt.code != static_cast<std::uint8_t>(dtype_code::Int) &&
-                          dt.code != static_cast<std::uint8_t>(dtype_code::UInt) &&
-                          dt.code != static_cast<std::uint8_t>(dtype_code::Bool);
+  const char* float8 = float8_name(dt);
+  const auto code = static_cast<dtype_code>(dt.code);
+  const bool numpy_type = code == dtype_code::Int || code == dtype_code::UInt || code == dtype_code::Complex ||
+                          code == dtype_code::Bool || (code == dtype_code::Float && dt.bits >= 16);
+  if (!bf16 && float8 == nullptr && !numpy_type) {
+    // e.g. an 8-bit Float that does not say which format it holds, or packed 4-bit floats.
+    throw nb::type_error((what + ": unsupported DLPack dtype (type code " + std::to_string(dt.code) + ", " +
+                          std::to_string(dt.bits) + " bits); pass uint8 codes or a float array")
+                             .c_str());
+  }
   if (bf16) dt = {static_cast<std::uint8_t>(dtype_code::UInt), 16, 1};
-  if (byte_float) dt = {static_cast<std::uint8_t>(dtype_code::UInt), 8, 1};
+  if (float8 != nullptr) dt = {static_cast<std::uint8_t>(dtype_code::UInt), 8, 1};
   std::vector<size_t> shape(a.ndim());
   std::vector<std::int64_t> strides(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) {
@@ -300,7 +332,7 @@ nb::object py_host_view(nb::handle obj, const std::string& what) {
   nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<nb::ndarray<nb::ro>*>(p); });
   nb::object out = nb::ndarray<nb::numpy, nb::ro>(data, shape.size(), shape.data(), cap, strides.data(), dt).cast();
   if (bf16) out = out.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16"));
-  return out;
+  return nb::make_tuple(out, float8 != nullptr ? nb::object(nb::str(float8)) : nb::none());
 }
 
 void py_set_backend(const std::string& name) {
@@ -532,8 +564,8 @@ NB_MODULE(_core, m) {
         "float32 C-contiguous -> uint8 codes (uint16 bits for bf16/f16)");
   m.def("decode", &py_decode, nb::arg("codes"), nb::arg("fmt"));
   m.def("host_view", &py_host_view, nb::arg("obj"), nb::arg("what"),
-        "a read-only numpy view of a DLPack producer's host memory (bfloat16 as ml_dtypes.bfloat16, "
-        "8-bit floats as uint8 codes)");
+        "(a read-only numpy view of a DLPack producer's host memory, the ml_dtypes name of its 8-bit "
+        "float type or None); bfloat16 as ml_dtypes.bfloat16, 8-bit floats as their uint8 codes");
 
   // A mode's default (group_size, bits), from the library's one table; None for an unknown name.
   m.def(
@@ -556,6 +588,7 @@ NB_MODULE(_core, m) {
   m.def("cpu_target", &ms::cpu_target);
   m.def("available_cpu_targets", &ms::available_cpu_targets);
   m.def("set_num_threads", &ms::set_num_threads, nb::arg("n"));
+  m.attr("MAX_THREADS") = ms::kMaxThreads;
   m.def("num_threads", &ms::num_threads);
 
   ckpt::bind(m);   // checkpoint I/O

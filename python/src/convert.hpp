@@ -64,9 +64,11 @@ inline bool read_array(nb::handle src, Array& out) {
   std::optional<ms::DType> dtype;
   if (nb::hasattr(arr, "dtype")) {
     const nb::object dt = arr.attr("dtype");
-    // ml_dtypes' types are numpy kind 'V'. Only they need the name, which numpy computes in
-    // Python (several microseconds, more than a small quantize).
-    if (nb::cast<std::string>(dt.attr("kind")) == "V") {
+    // ml_dtypes' types are numpy kind 'V', except float8_e5m2, which is kind 'f' (numpy has no
+    // 1-byte float of its own). Only they need the name, which numpy computes in Python (several
+    // microseconds, more than a small quantize).
+    const auto kind = nb::cast<std::string>(dt.attr("kind"));
+    if (kind == "V" || (kind == "f" && nb::cast<int>(dt.attr("itemsize")) == 1)) {
       const auto name = nb::cast<std::string>(dt.attr("name"));
       const auto itemsize = nb::cast<int>(dt.attr("itemsize"));
       if (name == "bfloat16" && itemsize == 2) {
@@ -81,6 +83,7 @@ inline bool read_array(nb::handle src, Array& out) {
   if (!dtype) dtype = dtype_of(out.keep.dtype());
   if (!dtype) return false;
   const InArray& a = out.keep;
+  if (a.data() == nullptr && a.size() != 0) return false;  // a producer without storage
   ms::Shape shape(a.ndim()), strides(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) {
     shape[i] = static_cast<std::int64_t>(a.shape(i));
@@ -135,8 +138,8 @@ inline const TorchApi& torch_api() {
 
 // A CPU torch tensor of a float dtype, read in place through data_ptr / shape / stride: torch's
 // __dlpack__ and Tensor.numpy() each cost more than a small quantize. nullopt for anything else
-// (a subclass, another dtype, device or layout, no elements), which the caller's general path
-// handles with its messages.
+// (a subclass, another dtype, device or layout, no elements, the negative bit, no data), which
+// the caller's general path handles with its messages.
 inline std::optional<ms::TensorView> read_torch(nb::handle t) {
   const TorchApi& api = torch_api();
   if (!t.type().is(api.tensor_type) && !t.type().is(api.parameter_type)) return std::nullopt;
@@ -152,6 +155,9 @@ inline std::optional<ms::TensorView> read_torch(nb::handle t) {
     return std::nullopt;
   }
   if (!t.attr("layout").is(api.strided) || !nb::cast<bool>(t.attr("is_cpu"))) return std::nullopt;
+  // Its memory holds the values before negation (x.conj().imag, torch._neg_view): the general path
+  // resolves the bit. (The conjugate bit exists on complex tensors only.)
+  if (nb::cast<bool>(t.attr("is_neg")())) return std::nullopt;
   const auto shape_obj = nb::cast<nb::tuple>(t.attr("shape"));  // torch.Size is a tuple
   const auto strides_obj = nb::cast<nb::tuple>(t.attr("stride")());
   ms::Shape shape(shape_obj.size()), strides(shape_obj.size());

@@ -5,9 +5,14 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <thread>
 
 #include "cpu/parallel.hpp"
@@ -55,19 +60,39 @@ int runnable_cpus() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
+// A whole positive decimal count (digits only; a count past long long's range is its largest),
+// or nothing: "1e3", "4x", " 4", "-2" and "0x10" are not counts.
+std::optional<long long> positive_count(std::string_view text) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  long long n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec == std::errc::result_out_of_range) return std::numeric_limits<long long>::max();
+  if (n <= 0) return std::nullopt;
+  return n;
+}
+
+int clamp_threads(long long n) { return static_cast<int>(std::min<long long>(n, kMaxThreads)); }
+
+// MICROSCALE_NUM_THREADS is ours and must be a count. OMP_NUM_THREADS belongs to OpenMP, whose
+// value is a list of counts per nesting level ("8,4"): its first count is used, and a value
+// OpenMP would not take either is passed over, as OpenMP runtimes pass it over.
 int default_threads() {
-  for (const char* var : {"MICROSCALE_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    const std::string v = env(var);
-    if (v.empty()) continue;
-    char* end = nullptr;
-    const long n = std::strtol(v.c_str(), &end, 10);
-    if (end != v.c_str() && n > 0) return static_cast<int>(std::min<long>(n, 1024));
+  const std::string ours = env("MICROSCALE_NUM_THREADS");
+  if (!ours.empty()) {
+    const std::optional<long long> n = positive_count(ours);
+    if (!n)
+      throw Error("MICROSCALE_NUM_THREADS='" + ours + "' is not a thread count (a whole number >= 1; at most " +
+                  std::to_string(kMaxThreads) + " are used)");
+    return clamp_threads(*n);
   }
+  const std::string omp = env("OMP_NUM_THREADS");
+  if (const std::optional<long long> n = positive_count(std::string_view(omp).substr(0, omp.find(','))))
+    return clamp_threads(*n);
   return runnable_cpus();
 }
 
 struct Settings;
-Settings& settings();
+std::atomic<Settings*> g_settings{nullptr};  // once constructed: what the fork handler resets
 
 struct Settings {
   std::mutex mu;
@@ -76,13 +101,26 @@ struct Settings {
 
   std::int64_t machine_targets = runnable_targets();  // before any forcing
 
+  // Everything that can throw (the environment's values) comes first: a constructor that throws
+  // runs again at the next use, and must not have left a fork handler behind.
   Settings() {
     threads = default_threads();
     budget = threads.load();
-    // A forked child has none of the parent's running calls, whose leases it would never return.
-    pthread_atfork(nullptr, nullptr, [] { settings().budget = settings().threads.load(); });
     const std::string target = env("MICROSCALE_CPU_TARGET");
-    if (!target.empty() && target != "auto") force(target);
+    if (!target.empty() && target != "auto") {
+      try {
+        force(target);
+      } catch (const Error& e) {
+        throw Error("MICROSCALE_CPU_TARGET: " + std::string(e.what()));
+      }
+    }
+    g_settings = this;
+    // A forked child has none of the parent's running calls, whose leases it would never return.
+    // Registered once, after the settings exist; the handler only stores.
+    pthread_atfork(nullptr, nullptr, [] {
+      Settings* s = g_settings.load();
+      s->budget = s->threads.load();
+    });
   }
 
   // Dispatch picks the best enabled target, so forcing one disables every better one.
@@ -133,7 +171,7 @@ std::vector<std::string> available_cpu_targets() {
 void set_num_threads(int n) {
   Settings& s = settings();
   std::lock_guard<std::mutex> lock(s.mu);
-  const int next = n > 0 ? n : default_threads();
+  const int next = n > 0 ? clamp_threads(n) : default_threads();
   s.budget += next - s.threads;
   s.threads = next;
 }

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/convert.hpp"
@@ -29,13 +31,17 @@ std::optional<Backend> backend_from_name(std::string_view text) {
 
 namespace {
 
-// An unset or unknown MICROSCALE_BACKEND means the CPU kernels. "cuda" is kept as set (not checked
-// here): the first op then fails with the reason, instead of silently running elsewhere.
+// An unset or empty MICROSCALE_BACKEND means the CPU kernels; any other value must name a backend, so that a
+// typo is not silently the CPU kernels. "cuda" is kept as set (not checked here): the first op then
+// fails with the reason, instead of silently running elsewhere.
 Backend initial_backend() {
   const char* v = std::getenv("MICROSCALE_BACKEND");
-  return v ? backend_from_name(v).value_or(Backend::cpu) : Backend::cpu;
+  if (v == nullptr || *v == '\0') return Backend::cpu;
+  if (const std::optional<Backend> b = backend_from_name(v)) return *b;
+  throw Error(std::string("MICROSCALE_BACKEND='") + v + "' is not a backend (expected cpu, reference or cuda)");
 }
 
+// Read from the environment at the first use; a value that throws is read again at the next.
 std::atomic<Backend>& setting() {
   static std::atomic<Backend> b{initial_backend()};
   return b;

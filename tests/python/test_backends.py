@@ -1,6 +1,11 @@
 """Every backend and SIMD target, and thread counts, against the spec oracle: the cpu kernels
 must give the same bytes as the reference backend (FORMATS.md is the contract for both)."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -116,3 +121,75 @@ def test_every_target_dequantizes_arbitrary_bytes(backend, target, runtime):
                 y = microscale.dequantize(packed, s, bb, mode="affine", group_size=32, bits=bits, dtype=dt)
                 want = O.dequantize(packed, s, bb, mode="affine", group_size=32, bits=bits, dtype=dt)
                 assert_same_bits(y, want, f"affine bits={bits} {sdt} -> {dt}")
+
+
+def _run_python(code, **env):
+    """Runs `code` in a fresh interpreter (the runtime reads the environment once per process)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCALE_")}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env=full_env)
+
+
+def test_bad_cpu_target_does_not_break_fork():
+    """A bad MICROSCALE_CPU_TARGET is a ValueError naming it, and forked children (multiprocessing
+    pools, DataLoader workers) start and exit normally: the settings' fork handler used to rerun
+    the failing constructor in every child, which died of SIGABRT."""
+    r = _run_python("""
+        import multiprocessing, os
+        import numpy as np
+        import microscale
+
+        for _ in range(2):
+            try:
+                microscale.num_threads()
+                raise SystemExit("the bad target was accepted")
+            except ValueError as e:
+                assert "MICROSCALE_CPU_TARGET" in str(e), e
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+        def work(i):
+            try:
+                microscale.quantize(np.ones((1, 16), np.float32))
+            except ValueError as e:
+                return "MICROSCALE_CPU_TARGET" in str(e)
+            return False
+
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            assert pool.map(work, range(4)) == [True] * 4
+        print("ok")
+        """, MICROSCALE_CPU_TARGET="avx9000")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("var,value", [("MICROSCALE_BACKEND", "typo"), ("MICROSCALE_BACKEND", "CPU"),
+                                       ("MICROSCALE_NUM_THREADS", "1e3"), ("MICROSCALE_NUM_THREADS", "4x"),
+                                       ("MICROSCALE_NUM_THREADS", "-1"),
+                                       ("MICROSCALE_CPU_TARGET", "avx9000")])
+def test_bad_environment_values_are_errors_naming_the_variable(var, value):
+    """Not silently the CPU kernels (a backend typo) or one thread (1e3 read as 1)."""
+    r = _run_python(f"""
+        import numpy as np
+        import microscale
+        try:
+            microscale.quantize(np.ones((2, 32), np.float32))
+        except ValueError as e:
+            print(e)
+        """, **{var: value})
+    assert r.returncode == 0, r.stderr
+    assert var in r.stdout and repr(value)[1:-1] in r.stdout, r.stdout
+
+
+def test_thread_counts_are_clamped(runtime):
+    for n in (1025, 999999, 2**31, 10**30):
+        microscale.set_num_threads(n)
+        assert microscale.num_threads() == 1024, n
+    microscale.set_num_threads(-10**30)
+    assert 1 <= microscale.num_threads() <= 1024
+    r = _run_python("import microscale; print(microscale.num_threads())", MICROSCALE_NUM_THREADS="5000")
+    assert r.returncode == 0 and r.stdout.strip() == "1024", (r.stdout, r.stderr)

@@ -387,3 +387,97 @@ def _cuda_capsule_producer():
 def test_device_memory_is_refused_by_name():
     with pytest.raises(ValueError, match=r"x: the array is in CUDA memory \(DLPack device type 2\).*\.cpu\(\)"):
         microscale.quantize_dequantize(_cuda_capsule_producer())
+
+
+# ---- float8 codes of the wrong format (issue 27) -----------------------------------------------
+
+_F8 = ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+_SCALE_TYPE = {"nvfp4": "float8_e4m3fn", "mxfp4": "float8_e8m0fnu", "mxfp8": "float8_e8m0fnu"}
+
+
+def _float8_makers():
+    """(label, make(uint8 numpy codes, float8 name) -> that array type holding those codes)."""
+    import ml_dtypes
+
+    makers = [("numpy", lambda c, name: c.view(getattr(ml_dtypes, name)))]
+    try:
+        import torch
+    except ImportError:
+        return makers
+    makers.append(("torch", lambda c, name: torch.from_numpy(c).view(getattr(torch, name))))
+    # A producer that is not torch: its float8 type arrives as a DLPack type code.
+    makers.append(("dlpack", lambda c, name: Producer(torch.from_numpy(c).view(getattr(torch, name)))))
+    return makers
+
+
+@pytest.mark.parametrize("maker", _float8_makers(), ids=lambda m: m[0])
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8"])
+def test_float8_scales_must_be_the_modes_scale_format(maker, mode, rng):
+    """Scales of the mode's float8 type are read as its codes; another float8 type holds another
+    format's codes (an mxfp4 dequantize of E4M3-typed scales came out 4x off) and is refused with
+    the argument and the expected format named, by every function that takes scales."""
+    _, make = maker
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    packed, scales = microscale.quantize(w, mode=mode)
+    fmt = "E4M3" if mode == "nvfp4" else "E8M0"
+    calls = {
+        "dequantize": lambda s: microscale.dequantize(packed, s, mode=mode, out_type="numpy"),
+        "quantized_matmul": lambda s: microscale.quantized_matmul(x, packed, s, mode=mode),
+        "gather_qmm": lambda s: microscale.gather_qmm(x, packed[None], s, mode=mode, out_type="numpy"),
+        "qqmm": lambda s: microscale.qqmm(x, packed, s, mode=mode),
+        "QuantizedLinear": lambda s: microscale.QuantizedLinear(packed, s, mode=mode)(x),
+        "QuantizedWeight._to_core": lambda s: microscale.QuantizedWeight(
+            packed, s, None, mode, 16 if mode == "nvfp4" else 32, 8 if mode == "mxfp8" else 4,
+            (8, 64))._to_core().scales,
+    }
+    for fn, call in calls.items():
+        base = scales[None] if fn == "gather_qmm" else scales  # one expert
+        want = call(base)
+        for name in _F8:
+            s = make(base, name)
+            if name == _SCALE_TYPE[mode]:
+                assert_same_bits(np.asarray(call(s)), np.asarray(want), f"{fn} {name}")
+                continue
+            with pytest.raises(TypeError, match=rf"scales.*{mode} scales are {fmt} codes, uint8 or "
+                                                rf"{_SCALE_TYPE[mode]}; got {name}"):
+                call(s)
+
+
+@pytest.mark.parametrize("maker", _float8_makers(), ids=lambda m: m[0])
+def test_float8_packed_values_and_affine_scales(maker, rng):
+    """mxfp8 packed values may be their element type; the fp4 modes' packed pairs and affine's
+    float scales are no float8 type."""
+    _, make = maker
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    for elem, name in (("e4m3", "float8_e4m3fn"), ("e5m2", "float8_e5m2")):
+        packed, scales = microscale.quantize(w, mode="mxfp8", elem=elem)
+        want = microscale.dequantize(packed, scales, mode="mxfp8", elem=elem)
+        got = microscale.dequantize(make(packed, name), scales, mode="mxfp8", elem=elem, out_type="numpy")
+        assert_same_bits(got, want, elem)
+        other = "float8_e5m2" if elem == "e4m3" else "float8_e4m3fn"
+        with pytest.raises(TypeError, match=rf"w_q: mxfp8 {elem} elements are {elem.upper()} codes, "
+                                            rf"uint8 or {name}; got {other}"):
+            microscale.dequantize(make(packed, other), scales, mode="mxfp8", elem=elem)
+    packed, scales = microscale.quantize(w, mode="nvfp4")
+    with pytest.raises(TypeError, match="w_q: nvfp4 packs its codes into bytes"):
+        microscale.dequantize(make(packed, "float8_e4m3fn"), scales, mode="nvfp4")
+    packed, scales, biases = microscale.quantize(w, mode="affine")
+    with pytest.raises(TypeError, match="scales: affine scales are not 8-bit codes"):
+        microscale.dequantize(packed, make(scales.view(np.uint8)[..., :1].copy(), "float8_e4m3fn"),
+                              biases, mode="affine")
+
+
+def test_float8_types_microscale_does_not_read_are_refused(rng):
+    """float8 types of no format microscale reads (the FNUZ variants) are a TypeError naming the
+    argument, not their bytes read as codes."""
+    import ml_dtypes
+
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    packed, scales = microscale.quantize(w, mode="nvfp4")
+    for name in ("float8_e4m3fnuz", "float8_e5m2fnuz"):
+        with pytest.raises(TypeError, match=rf"scales: unsupported dtype {name}"):
+            microscale.dequantize(packed, scales.view(getattr(ml_dtypes, name)), mode="nvfp4")
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="scales: unsupported dtype float8_e4m3fnuz"):
+        microscale.dequantize(packed, torch.from_numpy(scales).view(torch.float8_e4m3fnuz), mode="nvfp4")

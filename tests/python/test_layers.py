@@ -175,3 +175,31 @@ def test_docstring_examples():
     for mod in (microscale.matmul, microscale.layers):
         res = doctest.testmod(mod, verbose=False)
         assert res.attempted >= 3 and res.failed == 0, mod.__name__
+
+
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4", "mxfp8", "affine"])
+def test_from_float_is_from_linear(mode, rng):
+    """The layers' from_float (torch.ao's name for building a quantized module from a float one)
+    builds the layer from_linear / from_embedding builds, with their arguments in their order; the
+    inherited QuantizedWeight.from_float passed its arguments in its own order."""
+    w = randn(rng, (16, 64))
+    bias = randn(rng, (16,))
+    x = randn(rng, (3, 64))
+    lin = microscale.QuantizedLinear.from_float(w, bias, mode)
+    want = microscale.QuantizedLinear.from_linear(w, bias, mode)
+    assert isinstance(lin, microscale.QuantizedLinear)
+    assert (lin.mode, lin.group_size, lin.bits, lin.global_scale) == (
+        want.mode, want.group_size, want.bits, want.global_scale)
+    assert_same_bits(lin(x), want(x))
+    kw = {"group_size": 32} if mode == "affine" else {}
+    emb = microscale.QuantizedEmbedding.from_float(w, mode, **kw)
+    assert isinstance(emb, microscale.QuantizedEmbedding)
+    idx = np.array([5, 0, 15])
+    assert_same_bits(emb(idx), microscale.QuantizedEmbedding.from_embedding(w, mode, **kw)(idx))
+    if mode != "affine":
+        qq = microscale.QQLinear.from_float(w, bias, mode)
+        assert isinstance(qq, microscale.QQLinear)
+        assert_same_bits(qq(x), microscale.QQLinear.from_linear(w, bias, mode)(x))
+    # The bare weight keeps its own from_float (two-level nvfp4 unless global_scale=True).
+    q = microscale.QuantizedWeight.from_float(w, mode=mode, **kw)
+    assert type(q) is microscale.QuantizedWeight and q.global_scale is None

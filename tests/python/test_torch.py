@@ -256,3 +256,14 @@ def test_modules_refuse_bad_input():
     with pytest.raises(ValueError, match="mode: unknown mode"):
         mst.QuantizedLinear(torch.zeros(8, 32, dtype=torch.uint8), torch.zeros(8, 4, dtype=torch.uint8),
                             mode="int4")
+
+
+def test_modules_from_float_is_from_linear():
+    """torch.ao's quantized modules are built with from_float(float_module): the modules here
+    take it as from_linear."""
+    lin = torch.nn.Linear(64, 16)
+    x = torch.randn(3, 64, generator=_gen(11))
+    for cls, mode in ((mst.QuantizedLinear, "mxfp4"), (mst.QQLinear, "mxfp8")):
+        got = cls.from_float(lin, mode=mode)
+        assert isinstance(got, cls)
+        assert torch.equal(got(x), cls.from_linear(lin, mode=mode)(x))

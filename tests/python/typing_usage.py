@@ -20,12 +20,15 @@ def numpy_use() -> float:
     layer = microscale.QuantizedLinear.from_linear(w, mode="nvfp4")
     out = layer(np.ones((1, 64), np.float32))
     q2 = microscale.QQLinear.from_linear(w).calibrate([w, 2 * w])
+    as_float: microscale.QuantizedLinear = microscale.QuantizedLinear.from_float(w, mode="mxfp4")
+    emb: microscale.QuantizedEmbedding = microscale.QuantizedEmbedding.from_float(w, mode="mxfp8")
+    qq_float: microscale.QQLinear = microscale.QQLinear.from_float(w, None, "mxfp8")
     codes = microscale.encode(w, "e4m3")
     back = microscale.decode(codes, "e4m3", out_type=microscale.OutType.numpy)
     microscale.set_num_threads(1)
     targets: list[str] = microscale.available_cpu_targets()
     return float(y.sum() + fq.sum() + mm.sum() + qq.sum() + out.sum() + back.sum()) + len(targets) + (
-        q2.out_features)
+        q2.out_features + as_float.in_features + emb.dims + qq_float.out_features)
 
 
 def dlpack_use(t: Any) -> Any:
