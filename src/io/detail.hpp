@@ -29,10 +29,19 @@ void require_regular_file(const std::filesystem::path& path, const std::string& 
 // A name as it appears in messages: JSON-quoted (control bytes escaped), long names shortened.
 std::string quote(std::string_view s);
 
-// Parses `text` as JSON, rejecting duplicate keys in any object and nesting deeper than
-// `max_depth` (headers and indexes are shallow, and this bounds work on hostile input).
-// `what` names the document in messages ("header", "index").
+// Parses `text` as JSON in time linear in its size, rejecting duplicate keys in any object and
+// nesting deeper than `max_depth` (headers and indexes are shallow, and this bounds work on hostile
+// input). Objects keep the text's key order. `what` names the document in messages ("header").
 Json parse_json(std::string_view text, const std::string& source, const char* what, int max_depth);
+
+// Adds `key` to the end of `object` and returns its value. Json's operator[] and emplace search
+// the keys first, one by one, so building an object of n keys with them takes n^2 / 2 string
+// comparisons; callers use this instead where their keys are known to be distinct (from a map, or
+// checked with a hash set) and there may be many.
+Json& append_new_key(Json& object, std::string key, Json value);
+// An empty object with room for `n` keys: when an object grows, its (const key, value) pairs are
+// copied, not moved, so objects of many keys are sized up front.
+Json object_with_room(std::size_t n);
 
 // The header JSON for these entries, laid out back to back in order, padded with spaces to a
 // multiple of 8 bytes. Validates names (unique, not "__metadata__") and sizes. Also returns

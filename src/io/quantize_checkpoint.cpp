@@ -156,11 +156,11 @@ std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool
   j["include"] = opt.include;
   j["share_fused_scales"] = opt.share_fused_scales;
   j["w4a4"] = w4a4;
-  Json amax = Json::object();
+  Json amax = detail::object_with_room(opt.activation_amax.size());
   for (const auto& [m, a] : opt.activation_amax) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%a", static_cast<double>(a));  // exact
-    amax[m] = buf;
+    detail::append_new_key(amax, m, buf);
   }
   j["activation_amax"] = std::move(amax);
   if (!opt.hessians.empty()) {  // the file by name, as the parts of a split run each read it

@@ -233,12 +233,13 @@ void write_index(const fs::path& index_path, const std::vector<fs::path>& shards
   md["total_size"] = total;
   for (const auto& [k, v] : extra) {
     if (k == "total_size") fail(src, "extra metadata cannot override total_size");
-    md[k] = v;
+    detail::append_new_key(md, k, v);
   }
+  Json files = detail::object_with_room(weight_map.size());
+  for (const auto& [n, f] : weight_map) detail::append_new_key(files, n, f);
   Json j = Json::object();
   j["metadata"] = std::move(md);
-  j["weight_map"] = Json::object();
-  for (const auto& [n, f] : weight_map) j["weight_map"][n] = f;
+  j["weight_map"] = std::move(files);
   std::string text;
   try {
     text = j.dump(2) + "\n";

@@ -1,5 +1,7 @@
 // Hostile and malformed safetensors files: each must fail with an Error that names the file and
 // the problem, never crash, through both the memory and the mmap entry points.
+#include <time.h>
+
 #include "io_support.hpp"
 
 namespace {
@@ -199,6 +201,57 @@ TEST(Hostile, HostileNamesAreQuotedInMessages) {
     EXPECT_NE(msg.find("... (306 bytes)"), std::string::npos) << msg;
     EXPECT_LT(msg.size(), 300u);
   }
+}
+
+// CPU seconds this thread has used: unlike wall time, not inflated by other processes.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// Objects of many keys (a header's __metadata__ and tensors, an index's weight_map) are written
+// and read in linear time. With keys inserted by a linear search for them, as nlohmann's
+// ordered_json does, each object of 100k keys costs 5e9 comparisons of ~75-byte strings: writing
+// the first file alone took 270 CPU seconds, and the test had not ended after 25 minutes; linear,
+// it takes about 3 (on a loaded 2-core machine). The bound, 30 CPU seconds, leaves room for
+// sanitizers and slow machines and is still missed by the quadratic code many times over.
+TEST(Hostile, ManyKeysAreReadAndWrittenInLinearTime) {
+  TempDir dir;
+  constexpr int kKeys = 100000;
+  // Long names differing only at their end, as real tensor names often do.
+  auto key = [](int i) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%07d", i);
+    return "model.language_model.layers.mlp.experts.gate_up_proj.calibration." + std::string(buf);
+  };
+  const double t0 = thread_cpu_seconds();
+  Metadata md;
+  std::vector<StTensorData> tensors;
+  for (int i = 0; i < kKeys; ++i) {
+    md.emplace(key(i), "1");
+    tensors.push_back({key(i) + ".weight", StDType::f32, {0}, {}});
+  }
+  save_safetensors(dir / "model.safetensors", tensors, md);
+  const SafetensorsFile f = SafetensorsFile::open(dir / "model.safetensors");
+  EXPECT_EQ(f.metadata().size(), static_cast<std::size_t>(kKeys));
+  ASSERT_EQ(f.size(), static_cast<std::size_t>(kKeys));
+  EXPECT_EQ(f.tensors()[kKeys - 1].name, key(kKeys - 1) + ".weight");  // header order kept
+  write_index(dir / "model.safetensors.index.json", {dir / "model.safetensors"});
+  const Checkpoint ck = Checkpoint::open(dir / "model.safetensors.index.json");
+  EXPECT_EQ(ck.names().size(), static_cast<std::size_t>(kKeys));
+  EXPECT_TRUE(ck.contains(key(kKeys / 2) + ".weight"));
+  const double seconds = thread_cpu_seconds() - t0;
+  EXPECT_LT(seconds, 30.0) << "writing and reading " << kKeys << " keys per object took " << seconds
+                           << " CPU seconds: quadratic?";
+  // A duplicate far from its twin is still found.
+  std::string header = R"({"__metadata__":{)";
+  for (int i = 0; i <= kKeys; ++i) header.append("\"").append(key(i == kKeys ? 7 : i)).append("\":\"1\",");
+  header.back() = '}';
+  header += '}';
+  const Bytes b = raw_file(header);
+  expect_error([&] { (void)SafetensorsFile::open_memory(b.data(), b.size(), "dup.st"); },
+               {"dup.st: header has duplicate key \"" + key(7) + "\""});
 }
 
 }  // namespace
