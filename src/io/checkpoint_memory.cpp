@@ -44,7 +44,10 @@ Layer checked_layer(const std::string& m, const Quantized& q, const std::optiona
   if (s.layout != Layout::compact) throw Error("layer " + detail::quote(m) + ": checkpoints store compact scales");
   Layer l = Layer::of(m, s, {n, k});
   l.experts = experts;
-  if (input_amax) l.act = Global::of_amax(*input_amax);
+  if (input_amax) {
+    check_activation_amax(*input_amax, "layer " + detail::quote(m) + ": input_amax");
+    l.act = Global::of_amax(*input_amax);
+  }
   l.point_at(q);
   if (s.mode == Mode::affine) l.float_dtype = to_st_dtype(sd);
   return l;

@@ -128,6 +128,20 @@ void require_regular_file(const std::filesystem::path& path, const std::string& 
   fail(path.string(), std::string("is ") + what + ", not a regular file; expected " + expected);
 }
 
+std::string read_text_file(const std::filesystem::path& path, const std::string& expected, std::uintmax_t max_bytes) {
+  require_regular_file(path, expected);
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) fail(path.string(), "cannot read: " + ec.message());
+  if (size > max_bytes)
+    fail(path.string(),
+         std::to_string(size) + " bytes exceed the limit of " + std::to_string(max_bytes) + " for " + expected);
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (!in || !(text << in.rdbuf())) fail(path.string(), "cannot read " + expected);
+  return text.str();
+}
+
 std::string quote(std::string_view s) {
   constexpr std::size_t kMax = 120;
   std::string cut(s.substr(0, kMax));

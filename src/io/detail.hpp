@@ -26,6 +26,10 @@ using Json = nlohmann::ordered_json;
 // path, what it is, and `expected` ("a .safetensors file").
 void require_regular_file(const std::filesystem::path& path, const std::string& expected);
 
+// The whole of a small text file (a JSON document): refused unless require_regular_file accepts
+// it, and when it is larger than `max_bytes`.
+std::string read_text_file(const std::filesystem::path& path, const std::string& expected, std::uintmax_t max_bytes);
+
 // A name as it appears in messages: JSON-quoted (control bytes escaped), long names shortened.
 std::string quote(std::string_view s);
 

@@ -3,8 +3,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "io/layer.hpp"
 
@@ -24,6 +26,14 @@ float Global::to_amax() const {
 float Global::as(const ScaleConvention& c) const {
   if (kind == Kind::stored && convention == &c) return value;
   return c.from_amax(to_amax());
+}
+
+void check_activation_amax(double amax, const std::string& what) {
+  if (std::isnan(amax) || amax < 0 || amax > std::numeric_limits<float>::max())
+    throw Error(what + " is " + fmt_float(amax) + ", not a finite non-negative float32 number");
+  if (amax > 0 && amax < kMinActivationAmax)
+    throw Error(what + " is " + fmt_float(amax) + ", below " + fmt_float(kMinActivationAmax) +
+                " (2688 x FLT_MIN): its activation scale, 2688/amax or amax/2688, is not a normal float32 number");
 }
 
 std::string Global::describe() const { return describe(kind == Kind::stored ? convention->weight_tensor : ""); }

@@ -36,20 +36,6 @@ bool is_contained(const fs::path& rel) {
   return depth > 0;
 }
 
-std::string read_small_file(const fs::path& path) {
-  detail::require_regular_file(path, "a checkpoint index (model.safetensors.index.json)");
-  std::error_code ec;
-  auto size = fs::file_size(path, ec);
-  if (ec) fail(path.string(), "cannot read: " + ec.message());
-  if (size > kMaxIndexBytes)
-    fail(path.string(),
-         "index file of " + std::to_string(size) + " bytes exceeds the limit of " + std::to_string(kMaxIndexBytes));
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  if (!in || !(ss << in.rdbuf())) fail(path.string(), "cannot read");
-  return ss.str();
-}
-
 // For a model directory without the standard names: the safetensors files it does hold, if any,
 // so the message can say which one to pass.
 std::string other_weights(const fs::path& dir) {
@@ -121,7 +107,9 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     return c;
   }
 
-  Json j = detail::parse_json(read_small_file(p), s.source, "index", 64);
+  Json j =
+      detail::parse_json(detail::read_text_file(p, "a checkpoint index (model.safetensors.index.json)", kMaxIndexBytes),
+                         s.source, "index", 64);
   if (!j.is_object()) fail(s.source, "index is not a JSON object");
   auto wm = j.find("weight_map");
   if (wm == j.end() || !wm->is_object())
