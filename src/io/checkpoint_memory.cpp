@@ -78,6 +78,7 @@ CheckpointData load_checkpoint(const fs::path& path) {
     data.tensors.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data.begin(), t.data.end())});
   }
   if (!in.config.is_null()) data.config_json = in.config.dump(2);
+  in.ck.check_unchanged();  // a shard truncated under us read as zeros
   return data;
 }
 

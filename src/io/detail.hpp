@@ -53,6 +53,37 @@ Json object_with_room(std::size_t n);
 std::string build_header(const std::vector<StEntry>& entries, const Metadata& metadata, const std::string& source,
                          std::vector<std::uint64_t>* sizes = nullptr);
 
+struct MappingGuard;
+
+// A whole regular file mapped read-only, for its reader. Reading a page of it after another
+// program truncated the file (rsync --inplace, a second download rewriting it) would raise SIGBUS
+// and kill the process without a word. A process-wide handler, installed with the first mapping
+// and passing other faults on to the handler it replaced, maps zero pages there instead and marks
+// the mapping; check_unchanged() then throws. Code that reads the bytes (on any thread) calls it
+// before it keeps anything computed from them.
+class FileMapping {
+ public:
+  // Opens and maps `path`, named `source` in messages. An empty file is open but not mapped.
+  FileMapping(const std::filesystem::path& path, std::string source);
+  FileMapping(const FileMapping&) = delete;
+  FileMapping& operator=(const FileMapping&) = delete;
+  ~FileMapping();
+
+  const std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  // Throws an Error naming the file when it changed while mapped: a read found it truncated, or
+  // its size or modification time differ from when it was opened (the file is kept open for this).
+  void check_unchanged() const;
+
+ private:
+  std::string source_;
+  int fd_ = -1;
+  const std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::int64_t opened_size_ = 0, opened_mtime_ns_ = 0;
+  MappingGuard* guard_ = nullptr;
+};
+
 // A file written to `<path>.tmp.<pid>` and renamed onto `path` by commit(); the destructor (or
 // abort()) removes the temporary file when commit() did not happen.
 class AtomicFile {

@@ -638,6 +638,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
         try {
           if (const auto h = hessians.find(sp->module); h != hessians.end()) {
             const std::vector<double> hv = hessian_values(*h->second);
+            hessian_file->check_unchanged();
             q = gptq(x, HessianView{hv.data(), h->second->shape}, spec, opt.gptq);
           } else {
             // A fused group keeps its one global scale: mse searches only the block scales there.

@@ -192,6 +192,12 @@ void Checkpoint::validate() const {
   }
 }
 
+void Checkpoint::check_unchanged() const {
+  std::lock_guard lock(impl_->mu);
+  for (const auto& f : impl_->open)
+    if (f) f->check_unchanged();
+}
+
 std::string shard_file_name(std::size_t i, std::size_t n) {
   if (i >= n) throw Error("shard " + std::to_string(i) + " of " + std::to_string(n));
   char buf[64];
