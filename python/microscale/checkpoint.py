@@ -116,7 +116,8 @@ def _check_input_amax(layers, export):
             stored = np.float32("inf")
         if not np.isfinite(stored) or stored < 0:
             raise ValueError(f"{what} is not a finite non-negative float32 number: {v}")
-        if v != 0 and stored < _MIN_ACTIVATION_AMAX:  # 1e-50 is 0 in float32, which is stored as amax 2688
+        # 1e-50, for one, is 0 in float32, which would be stored as amax 2688.
+        if v != 0 and stored < _MIN_ACTIVATION_AMAX:
             raise ValueError(f"{what} is {v}, below 2688 x FLT_MIN ({_MIN_ACTIVATION_AMAX:.6g}): its activation "
                              "scale would not be a normal float32 number")
 
