@@ -180,6 +180,13 @@ struct QuantizeOptions {
 Report quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
                            const QuantizeOptions& opt);
 
+// The activation amaxes of an `--activation-amax` file for QuantizeOptions::activation_amax: a
+// JSON object {module: amax}, read as strictly as a checkpoint's own JSON (a duplicate module or
+// deep nesting is refused). Each amax is a number, 0 or from 2688 x FLT_MIN (about 3.2e-35) to
+// FLT_MAX: below that its activation scale is no normal float32 (docs/checkpoints.md). Errors
+// name the file and the module.
+std::map<std::string, float> read_activation_amax(const std::filesystem::path& path);
+
 struct DequantizeOptions {
   // float32, float16 or bfloat16; unset: the dtype the checkpoint was quantized from (config.json
   // torch_dtype), bfloat16 when that is not recorded. The written config's torch_dtype says it.

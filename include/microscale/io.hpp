@@ -100,7 +100,8 @@ class SafetensorsFile {
   //     other keys are ignored, as the reference implementation does;
   //   - numel * element bits is exact whole bytes, computed without overflow, and equals end - begin;
   //   - the ranges do not overlap and cover the data area exactly: no holes, no trailing bytes.
-  // The file must not be truncated while open (the mapping would fault on access).
+  // Should another program truncate or rewrite the file while it is open, reading its tensors
+  // finds zeros where the bytes are gone (instead of dying of SIGBUS) and check_unchanged() throws.
   static SafetensorsFile open(const std::filesystem::path& path);
   // Same validation over caller memory, which must outlive the returned object (no copy is made).
   // `label` stands for the file name in error messages.
@@ -121,6 +122,10 @@ class SafetensorsFile {
   const Metadata& metadata() const { return metadata_; }
   std::uint64_t header_bytes() const { return header_bytes_; }  // the length field N
   std::uint64_t file_bytes() const { return file_bytes_; }
+  // Throws an Error naming the file when it changed since open(): a read found it truncated, or
+  // its size or modification time differ. Call it after reading tensor data, before trusting
+  // anything computed from it. Nothing to check for open_memory.
+  void check_unchanged() const;
 
  private:
   struct Mapping;
@@ -216,6 +221,8 @@ class Checkpoint {
   const Metadata& metadata() const;
   // Opens every shard and checks that each holds exactly the tensors the index maps to it.
   void validate() const;
+  // SafetensorsFile::check_unchanged() of every shard opened so far.
+  void check_unchanged() const;
 
  private:
   struct Impl;

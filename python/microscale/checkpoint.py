@@ -28,6 +28,10 @@ import numpy as np
 from . import _as_array, _core
 from .weight import QuantizedWeight
 
+# The smallest positive activation amax a layout stores: below it the scale 2688/amax or amax/2688
+# is no normal float32 (kMinActivationAmax in src/io/layer.hpp).
+_MIN_ACTIVATION_AMAX = np.float32(2688) * np.finfo(np.float32).tiny
+
 __all__ = ["QuantizedWeight", "LoadedCheckpoint", "load_checkpoint", "save_checkpoint"]
 
 # safetensors dtype names <-> numpy dtypes (F4/F6 have no numpy type: returned as raw uint8 bytes).
@@ -102,6 +106,10 @@ def _check_input_amax(layers, export):
             stored = np.float32("inf")
         if not np.isfinite(stored) or stored < 0:
             raise ValueError(f"{what} is not a finite non-negative float32 number: {v}")
+        # 1e-50, for one, is 0 in float32, which would be stored as amax 2688.
+        if v != 0 and stored < _MIN_ACTIVATION_AMAX:
+            raise ValueError(f"{what} is {v}, below 2688 x FLT_MIN ({_MIN_ACTIVATION_AMAX:.6g}): its activation "
+                             "scale would not be a normal float32 number")
 
 
 def save_checkpoint(path, layers, tensors=None, config=None, export="mlx", force=False):

@@ -1,7 +1,5 @@
 #include "commands.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <signal.h>
 
 #include <algorithm>
@@ -11,7 +9,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -115,24 +112,6 @@ io::RunInputs inputs_of(const std::string& model) {
   } catch (const Error&) {
     return {};
   }
-}
-
-std::map<std::string, float> read_amax_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error("cannot read --activation-amax file '" + path + "'");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("--activation-amax file '" + path + "' is not valid JSON: " + e.what());
-  }
-  if (!j.is_object()) throw Error("--activation-amax file must be a JSON object {module: amax}");
-  std::map<std::string, float> m;
-  for (auto& [k, v] : j.items()) {
-    if (!v.is_number()) throw Error("--activation-amax: value for '" + k + "' is not a number");
-    m[k] = v.get<float>();
-  }
-  return m;
 }
 
 // A part as given, before its range is checked: 64-bit, so that no value of the text or the
@@ -316,7 +295,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              opt.include = o->include;
              opt.share_fused_scales = !o->separate;
              opt.w4a4 = o->w4a4;
-             if (!o->amax_file.empty()) opt.activation_amax = read_amax_file(o->amax_file);
+             if (!o->amax_file.empty()) opt.activation_amax = io::read_activation_amax(o->amax_file);
              opt.measure_error = o->errors || !o->errors_csv.empty();
              opt.force = o->force;
              ProgressBar bar("quantize");

@@ -298,6 +298,7 @@ std::vector<EvalRow> eval_model(const EvalOptions& opt, const std::vector<std::s
     bar.update(pr);
   }
   bar.finish();
+  ck.check_unchanged();  // a shard truncated under us read as zeros
   print_table_header();
   std::vector<EvalRow> rows;
   for (const std::string& name : modes) {

@@ -44,7 +44,10 @@ Layer checked_layer(const std::string& m, const Quantized& q, const std::optiona
   if (s.layout != Layout::compact) throw Error("layer " + detail::quote(m) + ": checkpoints store compact scales");
   Layer l = Layer::of(m, s, {n, k});
   l.experts = experts;
-  if (input_amax) l.act = Global::of_amax(*input_amax);
+  if (input_amax) {
+    check_activation_amax(*input_amax, "layer " + detail::quote(m) + ": input_amax");
+    l.act = Global::of_amax(*input_amax);
+  }
   l.point_at(q);
   if (s.mode == Mode::affine) l.float_dtype = to_st_dtype(sd);
   return l;
@@ -75,6 +78,7 @@ CheckpointData load_checkpoint(const fs::path& path) {
     data.tensors.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data.begin(), t.data.end())});
   }
   if (!in.config.is_null()) data.config_json = in.config.dump(2);
+  in.ck.check_unchanged();  // a shard truncated under us read as zeros
   return data;
 }
 

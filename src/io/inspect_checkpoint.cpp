@@ -189,6 +189,7 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
     res.notes.push_back(std::to_string(differing) +
                         " fused groups (q/k/v, gate/up, ...) have differing global scales; vLLM would merge them with "
                         "max() (see microscale convert --unify-fused-scales)");
+  in.ck.check_unchanged();  // a shard truncated under us read as zeros
   return res;
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "io/layer.hpp"
@@ -22,6 +23,14 @@ float Global::to_amax() const {
     case Kind::stored: return convention->to_amax(value);
   }
   return value;
+}
+
+void check_activation_amax(double amax, const std::string& what) {
+  if (std::isnan(amax) || amax < 0 || amax > std::numeric_limits<float>::max())
+    throw Error(what + " is " + fmt_float(amax) + ", not a finite non-negative float32 number");
+  if (amax > 0 && amax < kMinActivationAmax)
+    throw Error(what + " is " + fmt_float(amax) + ", below " + fmt_float(kMinActivationAmax) +
+                " (2688 x FLT_MIN): its activation scale, 2688/amax or amax/2688, is not a normal float32 number");
 }
 
 std::string Global::describe() const { return describe(kind == Kind::stored ? convention->weight_tensor : ""); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,6 +22,17 @@ using detail::Json;
 
 // The nvfp4 amax that a two-level layer (no global scale, decode factor 1) stands for.
 inline constexpr float k2688 = numerics::kNvfp4Range;
+
+// The smallest positive activation amax that is stored. Below it the decode factor amax / 2688
+// (ModelOpt's input_scale) leaves float32's normal range and the encode factor 2688 / amax
+// (compressed-tensors' input_global_scale) approaches FLT_MAX, so the stored scale would not give
+// the amax back (an amax that is 0 in float32, such as 1e-50, would be written as 1.0: amax 2688).
+inline constexpr float kMinActivationAmax = k2688 * std::numeric_limits<float>::min();
+
+// Refuses an activation amax that the layouts cannot store faithfully: NaN, infinite, negative,
+// beyond float32's range, or positive and below kMinActivationAmax (0 itself is stored as 1.0, as
+// for weights). `what` starts the message ("activation amax of \"m\"").
+void check_activation_amax(double amax, const std::string& what);
 
 // How a layout stores the nvfp4 global scale (docs/checkpoints.md, "Global-scale conventions").
 // Each layout module defines its own.

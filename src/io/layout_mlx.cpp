@@ -36,6 +36,8 @@ MlxParams mlx_params(const Json& config, const std::string& m) {
         v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       layer_error(m, std::string("config.json gives ") + key + " " + v.dump() + ", out of range");
     if (v.is_number_integer()) return v.get<std::int64_t>();
+    if (!v.is_null())
+      layer_error(m, std::string("config.json gives ") + key + " " + v.dump() + ", which must be an integer");
     return std::nullopt;
   };
   auto take = [&](const Json& o) {

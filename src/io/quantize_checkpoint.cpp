@@ -116,11 +116,11 @@ std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool
   j["include"] = opt.include;
   j["share_fused_scales"] = opt.share_fused_scales;
   j["w4a4"] = w4a4;
-  Json amax = Json::object();
+  Json amax = detail::object_with_room(opt.activation_amax.size());
   for (const auto& [m, a] : opt.activation_amax) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%a", static_cast<double>(a));  // exact
-    amax[m] = buf;
+    detail::append_new_key(amax, m, buf);
   }
   j["activation_amax"] = std::move(amax);
   if (!opt.hessians.empty()) {  // the file by name, as the parts of a split run each read it
@@ -472,8 +472,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
             "missing for " +
             detail::quote(s.module) +
             ". Supply them all with --activation-amax, or drop --w4a4 for a weight-only (NVFP4A16) export");
-      if (!std::isfinite(it->second) || it->second < 0)
-        throw Error("activation amax of " + detail::quote(s.module) + " is not a finite non-negative number");
+      check_activation_amax(it->second, "activation amax of " + detail::quote(s.module));
       s.skel.act = Global::of_amax(it->second);
     }
   }
@@ -627,6 +626,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
         try {
           if (const auto h = hessians.find(sp->module); h != hessians.end()) {
             const std::vector<double> hv = hessian_values(*h->second);
+            hessian_file->check_unchanged();
             q = gptq(x, HessianView{hv.data(), h->second->shape}, spec, opt.gptq);
           } else {
             // A fused group keeps its one global scale: mse searches only the block scales there.
@@ -668,6 +668,30 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
 
 Report quantize_checkpoint(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt) {
   return quantize_impl(in_path, out, opt, false);
+}
+
+std::map<std::string, float> read_activation_amax(const fs::path& path) {
+  const std::string what = "--activation-amax file";
+  const std::string source = path.string();
+  // {module: amax} nests one level; a few more let a misplaced object be named by the type check.
+  const Json j =
+      detail::parse_json(detail::read_text_file(path, "the " + what + ", a JSON object {module: amax}", 256u << 20),
+                         source, what.c_str(), 4);
+  if (!j.is_object())
+    detail::fail(source, what + " must be a JSON object {module: amax}, not " + std::string(j.type_name()));
+  std::map<std::string, float> amax;
+  for (const auto& [module, v] : j.items()) {
+    const std::string of = what + ": amax of " + detail::quote(module);
+    if (!v.is_number()) detail::fail(source, of + " is not a number (" + v.type_name() + ")");
+    const auto a = v.get<double>();
+    try {
+      check_activation_amax(a, of);
+    } catch (const Error& e) {
+      detail::fail(source, e.what());
+    }
+    amax.emplace(module, static_cast<float>(a));
+  }
+  return amax;
 }
 
 namespace ck {

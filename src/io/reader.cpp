@@ -1,9 +1,4 @@
 // safetensors reader: one validation path for memory-mapped files and caller buffers.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -18,18 +13,11 @@ using detail::fail;
 using detail::Json;
 using detail::quote;
 
-// The bytes of an open file: an mmap we own, or caller memory we only borrow.
+// The bytes of an open file: a mapping we own, or caller memory we only borrow.
 struct SafetensorsFile::Mapping {
   const std::byte* data = nullptr;
   std::size_t size = 0;
-  bool mapped = false;
-
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (mapped) ::munmap(const_cast<std::byte*>(data), size);
-  }
+  std::unique_ptr<detail::FileMapping> file;  // null for caller memory
 };
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
@@ -41,32 +29,17 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   f.source_ = path.string();
   if (path.empty()) fail("(empty path)", "no file given; expected a .safetensors file");
   detail::require_regular_file(path, "a .safetensors file");
-  // O_NONBLOCK: should the path turn into a FIFO after the check, the open still returns (and
-  // fstat refuses it); for regular files the flag changes nothing.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail(f.source_, std::string("cannot open: ") + std::strerror(errno));
   auto map = std::make_shared<Mapping>();
-  struct stat st {};
-  int err = ::fstat(fd, &st) == 0 ? 0 : errno;
-  if (err == 0 && !S_ISREG(st.st_mode)) err = -1;
-  // mmap of length 0 is an error; parse() reports a too-short file with a clear message instead.
-  if (err == 0 && st.st_size > 0) {
-    map->size = static_cast<std::size_t>(st.st_size);
-    void* p = ::mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      err = errno;
-    } else {
-      map->data = static_cast<const std::byte*>(p);
-      map->mapped = true;
-    }
-  }
-  ::close(fd);  // the mapping keeps the file alive
-  if (err == -1) fail(f.source_, "not a regular file");
-  if (err != 0) fail(f.source_, std::string("cannot map: ") + std::strerror(err));
-  if (!map->mapped) map->size = 0;
+  map->file = std::make_unique<detail::FileMapping>(path, f.source_);
+  map->data = map->file->data();
+  map->size = map->file->size();
   f.map_ = std::move(map);
   f.parse();
   return f;
+}
+
+void SafetensorsFile::check_unchanged() const {
+  if (map_ && map_->file) map_->file->check_unchanged();
 }
 
 SafetensorsFile SafetensorsFile::open_memory(const void* data, std::size_t size, std::string label) {

@@ -36,20 +36,6 @@ bool is_contained(const fs::path& rel) {
   return depth > 0;
 }
 
-std::string read_small_file(const fs::path& path) {
-  detail::require_regular_file(path, "a checkpoint index (model.safetensors.index.json)");
-  std::error_code ec;
-  auto size = fs::file_size(path, ec);
-  if (ec) fail(path.string(), "cannot read: " + ec.message());
-  if (size > kMaxIndexBytes)
-    fail(path.string(),
-         "index file of " + std::to_string(size) + " bytes exceeds the limit of " + std::to_string(kMaxIndexBytes));
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  if (!in || !(ss << in.rdbuf())) fail(path.string(), "cannot read");
-  return ss.str();
-}
-
 // For a model directory without the standard names: the safetensors files it does hold, if any,
 // so the message can say which one to pass.
 std::string other_weights(const fs::path& dir) {
@@ -123,7 +109,9 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     return c;
   }
 
-  Json j = detail::parse_json(read_small_file(p), s.source, "index", 64);
+  Json j =
+      detail::parse_json(detail::read_text_file(p, "a checkpoint index (model.safetensors.index.json)", kMaxIndexBytes),
+                         s.source, "index", 64);
   if (!j.is_object()) fail(s.source, "index is not a JSON object");
   auto wm = j.find("weight_map");
   if (wm == j.end() || !wm->is_object())
@@ -217,6 +205,12 @@ void Checkpoint::validate() const {
   }
 }
 
+void Checkpoint::check_unchanged() const {
+  std::lock_guard lock(impl_->mu);
+  for (const auto& f : impl_->open)
+    if (f) f->check_unchanged();
+}
+
 std::string shard_file_name(std::size_t i, std::size_t n) {
   if (i >= n) throw Error("shard " + std::to_string(i) + " of " + std::to_string(n));
   char buf[64];
@@ -246,12 +240,13 @@ void write_index(const fs::path& index_path, const std::vector<fs::path>& shards
   md["total_size"] = total;
   for (const auto& [k, v] : extra) {
     if (k == "total_size") fail(src, "extra metadata cannot override total_size");
-    md[k] = v;
+    detail::append_new_key(md, k, v);
   }
+  Json files = detail::object_with_room(weight_map.size());
+  for (const auto& [n, f] : weight_map) detail::append_new_key(files, n, f);
   Json j = Json::object();
   j["metadata"] = std::move(md);
-  j["weight_map"] = Json::object();
-  for (const auto& [n, f] : weight_map) j["weight_map"][n] = f;
+  j["weight_map"] = std::move(files);
   std::string text;
   try {
     text = j.dump(2) + "\n";

@@ -179,7 +179,15 @@ void write_shards(const Input& in, const fs::path& out, std::vector<Item>& items
     for (std::size_t i = sh.first; i < sh.last; ++i, ++at) {
       if (at + 1 < order.size())
         for (const auto& b : items[order[at + 1]].inputs) prefetch(b);
-      items[i].run(w);
+      // Input truncated or rewritten under us reads as zeros (a system call given its bytes fails
+      // with EFAULT instead): either way the input is what to report, and nothing may be kept.
+      try {
+        items[i].run(w);
+      } catch (...) {
+        in.ck.check_unchanged();
+        throw;
+      }
+      in.ck.check_unchanged();
       trim_heap();
       ++pr.done;
       pr.bytes_done += items[i].in_bytes;

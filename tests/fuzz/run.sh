@@ -38,7 +38,7 @@ flags=(-std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=fuzz
 
 build_safetensors() {
   "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_safetensors.cpp" \
-    "$root/src/io/common.cpp" "$root/src/io/reader.cpp" \
+    "$root/src/io/common.cpp" "$root/src/io/reader.cpp" "$root/src/io/file_mapping.cpp" \
     "$root/src/core/dtype.cpp" "$root/src/core/tensor.cpp" \
     -o "$work/fuzz_safetensors"
 }

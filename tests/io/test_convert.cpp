@@ -537,6 +537,48 @@ TEST(Convert, SelectionsThatMatchNothingAreErrors) {
               "\"model.embed_tokens.weight\" (embedding)"});
 }
 
+TEST(Convert, ActivationAmaxFilesAreReadStrictly) {
+  TempDir dir;
+  auto file = [&](const std::string& name, const std::string& text) {
+    write_bytes(dir / name, iot::bytes_of(text));
+    return dir / name;
+  };
+  EXPECT_EQ(read_activation_amax(file("ok.json", R"({"a": 2.5, "b": 0, "c": 1e-30, "d": 3})")),
+            (std::map<std::string, float>{{"a", 2.5f}, {"b", 0.0f}, {"c", 1e-30f}, {"d", 3.0f}}));
+  auto refused = [&](const fs::path& p, std::initializer_list<std::string> parts) {
+    expect_error([&] { (void)read_activation_amax(p); }, parts);
+  };
+  refused(file("dup.json", R"({"a": 1, "b": 2, "a": 2})"),
+          {"dup.json: --activation-amax file has duplicate key \"a\""});
+  refused(dir.path(), {dir.path().string() + ": is a directory", "--activation-amax file"});
+  refused(dir / "missing.json", {"missing.json: cannot open", "--activation-amax file"});
+  // 1e-50 is 0 in float32, and 1e-40 a denormal: neither has a float32 scale that gives it back.
+  refused(file("tiny.json", R"({"a": 1, "m.q_proj": 1e-50})"),
+          {"tiny.json: --activation-amax file: amax of \"m.q_proj\" is 1e-50, below 3.159", "normal float32"});
+  refused(file("denormal.json", R"({"m": 1e-40})"), {"denormal.json", "\"m\" is 1e-40, below"});
+  refused(file("neg.json", R"({"m": -1})"), {"neg.json", "\"m\" is -1, not a finite non-negative float32"});
+  refused(file("big.json", R"({"m": 1e39})"), {"big.json", "\"m\" is 1e+39, not a finite non-negative float32"});
+  refused(file("str.json", R"({"m": "3"})"),
+          {"str.json: --activation-amax file: amax of \"m\" is not a number (string)"});
+  refused(file("bool.json", R"({"m": true})"), {"bool.json", "not a number (boolean)"});
+  refused(file("nested.json", R"({"m": {"x": 1}})"), {"nested.json", "not a number (object)"});
+  refused(file("deep.json", "{\"m\":" + std::string(100, '[') + std::string(100, ']') + "}"),
+          {"deep.json: --activation-amax file nests deeper than"});
+  refused(file("list.json", "[1]"),
+          {"list.json: --activation-amax file must be a JSON object {module: amax}, not array"});
+  refused(file("bad.json", "{\"m\": 1,}"), {"bad.json: --activation-amax file is not valid JSON"});
+
+  // The same bound for amaxes given to quantize_checkpoint directly.
+  Model m;
+  QuantizeOptions o = qopt(Mode::nvfp4, Convention::compressed_tensors);
+  for (const auto& [n, v] : m.w)
+    if (why_kept(n, m.shape.at(n), StDType::bf16).empty()) o.activation_amax[n.substr(0, n.size() - 7)] = 3.5f;
+  o.activation_amax[kQ] = 1e-36f;
+  expect_error([&] { quantize_checkpoint(m.in, m.dir / "tiny", o); },
+               {"activation amax of \"" + kQ + "\" is 1e-36, below"});
+  EXPECT_FALSE(fs::exists(m.dir / "tiny"));
+}
+
 TEST(Convert, NonFiniteWeightsAreReported) {
   TinyModel m;
   const std::string p = "model.layers.0.self_attn.";
@@ -663,8 +705,12 @@ TEST(Convert, SaveCheckpointRefusesWhatItCannotWrite) {
                {"1 of", "input_amax", "every layer"});
   for (QuantizedLayer& l : d.layers) l.input_amax = 3.0f;
   expect_error([&] { save_checkpoint(m.dir.path() / "mlx", d, Convention::mlx); }, {"input_amax", "ModelOpt"});
+  d.layers[1].input_amax = 1e-36f;  // its input_scale amax/2688 would be a denormal
+  expect_error([&] { save_checkpoint(m.dir.path() / "tiny", d, Convention::modelopt); },
+               {d.layers[1].module, "input_amax is 1e-36, below"});
+  d.layers[1].input_amax = 3.0f;
   EXPECT_FALSE(fs::exists(m.dir.path() / "huge") || fs::exists(m.dir.path() / "partial") ||
-               fs::exists(m.dir.path() / "mlx"));
+               fs::exists(m.dir.path() / "mlx") || fs::exists(m.dir.path() / "tiny"));
   save_checkpoint(m.dir.path() / "w4a4", d, Convention::modelopt);
   for (const QuantizedLayer& l : load_checkpoint(m.dir.path() / "w4a4").layers) {
     ASSERT_TRUE(l.input_amax.has_value()) << l.module;

@@ -107,6 +107,23 @@ TEST(HostileCheckpoint, MlxAffineBitsThatContradictTheGroupSize) {
   EXPECT_EQ(ok.layers.at(0).weight.shape, (Shape{4, 64}));
 }
 
+TEST(HostileCheckpoint, MlxConfigBitsAndGroupMustBeIntegers) {
+  // "bits": 4.0 used to read as no bits at all: "config.json has no quantization block".
+  TempDir dir;
+  const std::string w = entry("m.weight", "U32", "[0,8]") + "," + entry("m.scales", "F16", "[0,1]") + "," +
+                        entry("m.biases", "F16", "[0,1]");
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": 4.0}})", w),
+                    {"layer \"m\"", "config.json gives bits 4.0", "must be an integer"});
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": "4"}})", w),
+                    {"layer \"m\"", "config.json gives bits \"4\"", "must be an integer"});
+  expect_all_refuse(dir, write_model(dir, R"({"quantization": {"group_size": 64, "bits": 4, "m": {"bits": 8.5}}})", w),
+                    {"layer \"m\"", "config.json gives bits 8.5", "must be an integer"});
+  expect_all_refuse(dir,
+                    write_model(dir, R"({"quantization": {"group_size": 32.0, "bits": 4, "mode": "mxfp4"}})",
+                                entry("m.weight", "U32", "[0,8]") + "," + entry("m.scales", "U8", "[0,2]")),
+                    {"layer \"m\"", "config.json gives group_size 32.0", "must be an integer"});
+}
+
 TEST(HostileCheckpoint, MlxPackedWidthOverflow) {
   // 2^62 words * 32 bits wraps int64 (it used to report "group_size -512").
   TempDir dir;

@@ -146,9 +146,11 @@ def test_w4a4_and_errors(tmp_path):
     ("compressed-tensors", [-5.0, 7.0], r"input_amax is not a finite non-negative float32 number: -5"),
     ("modelopt", [float("nan"), 7.0], r"input_amax is not a finite non-negative float32 number: nan"),
     ("compressed-tensors", [1e39, 7.0], r"input_amax is not a finite non-negative float32 number"),
+    ("modelopt", [1e-50, 7.0], r"input_amax is 1e-50, below 2688 x FLT_MIN \(3.1597\d*e-35\)"),
+    ("compressed-tensors", [7.0, 1e-40], r"input_amax is 1e-40, below 2688 x FLT_MIN"),
     ("compressed-tensors", [7.0, None], r"W4A4 needs a static activation amax for every quantized layer"),
     ("mlx", [7.0, 7.0], r"exist for nvfp4 with export compressed-tensors or modelopt only, not 'mlx'"),
-], ids=["negative", "nan", "overflow", "partial", "mlx"])
+], ids=["negative", "nan", "overflow", "underflow", "denormal", "partial", "mlx"])
 def test_save_refuses_input_amax_it_cannot_write(tmp_path, export, amaxes, match):
     """The CLI's --activation-amax rules: nothing is written, and no input_amax is dropped."""
     layers = _layers(make_tensors(layers=1), "nvfp4", global_scale=True)

@@ -214,6 +214,32 @@ def test_bad_errors_csv_fails_before_the_work(model, tmp_path, where):
     assert not out.exists() and list(tmp_path.iterdir()) == []  # no output, no staging leftovers
 
 
+@pytest.mark.parametrize("damage, message", [
+    ("duplicate", 'has duplicate key "{q}"'),
+    ("underflow", 'amax of "{q}" is 1e-50, below'),  # 0 in float32: it was written as amax 2688
+    ("directory", "is a directory"),
+])
+def test_activation_amax_file_is_read_strictly(model, tmp_path, damage, message):
+    """A W4A4 --activation-amax file with one bad entry: refused, naming the option, the file and
+    the module, with nothing written."""
+    src, t = model
+    modules = sorted(n[: -len(".weight")] for n in t if n.endswith("_proj.weight"))
+    q = modules[0]
+    entries = [f'"{m}": {"1e-50" if damage == "underflow" and m == q else "3.5"}' for m in modules]
+    if damage == "duplicate":
+        entries.append(f'"{q}": 4.0')
+    amax = tmp_path / "amax.json"
+    if damage == "directory":
+        amax.mkdir()
+    else:
+        amax.write_text("{" + ", ".join(entries) + "}")
+    out = tmp_path / "q"
+    r = run("quantize", src, "-o", out, "--format", "nvfp4", "--activation-amax", amax, ok=False)
+    assert r.returncode == 1 and f"{amax}: " in r.stderr and "--activation-amax" in r.stderr, r.stderr
+    assert message.format(q=q) in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["amax.json"]  # no output, no staging leftovers
+
+
 def test_errors_csv_written(model, tmp_path):
     src, _ = model
     errs = tmp_path / "errs.csv"
