@@ -355,7 +355,8 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
     Keep why = gptoss_stack ? Keep::quantize : shape.size() != 2 ? Keep::rank : default_keep(n, shape, dtype);
     if (by_name(why) && matches(opt.include, m)) why = Keep::quantize;
     if (why == Keep::quantize && matches(opt.exclude, m)) why = Keep::excluded;
-    if (why == Keep::quantize && shape[1] % base.group_size != 0) why = Keep::group;
+    // K = 0 fits no group either: its codes and scales would have no columns to tell the group from.
+    if (why == Keep::quantize && (shape[1] == 0 || shape[1] % base.group_size != 0)) why = Keep::group;
     const std::string reason = kept_reason(why, logical, shape, dtype, base.group_size, lay, gptoss);
     if (!weight_modules.count(m) || why != Keep::quantize) weight_modules[m] = reason;
     if (why != Keep::quantize) {

@@ -50,6 +50,7 @@ std::string keep_text(Keep k, const Shape& shape, StDType dtype, int group) {
     case Keep::router: return "router";
     case Keep::excluded: return "excluded";
     case Keep::group:
+      if (shape[1] == 0) return "K = 0: no input features to group";
       return "K = " + std::to_string(shape[1]) + " is not a multiple of the group size " + std::to_string(group);
   }
   return "";

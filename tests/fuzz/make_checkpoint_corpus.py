@@ -117,6 +117,13 @@ def main():
                                        tensors=[("m", ".weight", "BF16", [4, 64]),
                                                 ("m", ".weight_global_scale", "F32", [1])],
                                        data=bytes((i * 13 + 5) & 0x3F for i in range(256))),
+        # Weights without input features (K = 0): quantize used to write codes and scales of width 0,
+        # which no reader can tell the group size from, so the output did not load back.
+        "float_model_no_input_features": seed("empty", quantize_mlx=True,
+                                              tensors=[("m", ".weight", "BF16", [0, 0]),
+                                                       ("x", ".weight", "BF16", [4, 0]),
+                                                       ("model.layers.0.self_attn.q_proj", ".weight", "BF16", [4, 64])],
+                                              data=bytes((i * 13 + 5) & 0x3F for i in range(256))),
         # A shard tensor that the index leaves out, and one the index names but no shard holds.
         "sharded_unlisted": seed("empty", sharded=True, damage=1,
                                  tensors=[("m", ".weight", "F32", [4, 8], 0), ("x", ".weight", "F32", [4, 8], 1)]),

@@ -513,6 +513,34 @@ TEST(Convert, EveryUnquantizedWeightIsReportedAndIgnored) {
   EXPECT_FALSE(fs::exists(m.dir / "inc"));
 }
 
+TEST(Convert, WeightsWithoutInputFeaturesAreKept) {
+  // K = 0 has no groups: quantized, it became packed codes and scales of width 0, which no reader
+  // (microscale's included) can tell the group size from. Found by the checkpoint fuzzer.
+  for (const auto& [mode, to] : {std::pair{Mode::affine, Convention::mlx},
+                                 {Mode::nvfp4, Convention::compressed_tensors},
+                                 {Mode::nvfp4, Convention::modelopt}}) {
+    SCOPED_TRACE(name(to));
+    TinyModel m;
+    const std::string p = "model.layers.0.";
+    m.add(p + "self_attn.q_proj.weight", {64, 0});
+    m.add(p + "self_attn.k_proj.weight", {0, 0});
+    m.add(p + "self_attn.v_proj.weight", {64, 64});
+    m.write(R"({"model_type": "llama", "torch_dtype": "bfloat16"})");
+    const fs::path out = m.dir / "out";
+    const Report r = quantize_checkpoint(m.in, out, qopt(mode, to));
+    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight"}) {
+      const TensorReport* t = find_report(r, p + n);
+      ASSERT_NE(t, nullptr) << n;
+      EXPECT_EQ(t->action, TensorAction::kept) << n;
+      EXPECT_NE(t->reason.find("K = 0"), std::string::npos) << t->reason;
+    }
+    EXPECT_EQ(find_report(r, p + "self_attn.v_proj")->action, TensorAction::quantized);
+    const CheckpointData back = load_checkpoint(out);
+    ASSERT_EQ(back.layers.size(), 1u);
+    EXPECT_EQ(back.layers[0].module, p + "self_attn.v_proj");
+  }
+}
+
 TEST(Convert, SelectionsThatMatchNothingAreErrors) {
   Model m;
   auto refused = [&](QuantizeOptions o, std::initializer_list<std::string> parts) {
