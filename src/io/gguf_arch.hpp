@@ -1,0 +1,43 @@
+// What llama.cpp's converter (convert_hf_to_gguf.py) writes for a Hugging Face architecture: the
+// architecture key and its hyperparameters, and each tensor's GGUF name and treatment.
+// docs/gguf.md lists the architectures and the rules.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/gguf_file.hpp"
+
+namespace microscale::io::gguf {
+
+// How one tensor is written.
+struct TensorRule {
+  std::string name;       // GGUF name: "blk.0.attn_q.weight"
+  int permute_heads = 0;  // Llama-family q/k rows regrouped per head (docs/gguf.md); 0: unchanged
+  bool plus_one = false;  // Gemma's RMSNorm weights: llama.cpp stores w + 1
+  bool f32 = false;       // stored as F32 whatever the source dtype (norms, biases, 1-D tensors)
+  bool skip = false;      // not written (buffers llama.cpp recomputes, e.g. rotary inv_freq)
+};
+
+struct ArchPlan {
+  std::string hf_type;  // config model_type: "qwen3_moe"
+  std::string arch;     // general.architecture: "qwen3moe"
+  std::vector<Kv> kvs;  // general.architecture, general.name (when known), "<arch>.*" hyperparameters
+  std::int64_t vocab_size = 0;
+  bool tied_embeddings = false;  // no output.weight: llama.cpp uses token_embd.weight
+};
+
+// Throws Error naming model_type (and the supported ones) for an architecture without a GGUF
+// form here, and naming the key for a config missing a hyperparameter llama.cpp needs.
+ArchPlan arch_plan(const Json& config);
+
+// The rule for a tensor name as the exporter presents it: the checkpoint's own names, where
+// per-expert weights "<p>.experts.<e>.<proj>.weight" are stacked first and presented as
+// "<p>.switch_mlp.<proj>.weight" ([experts, N, K]), and a quantized layer "<m>" adds
+// "<m>.scale" (its nvfp4 decode factor amax/2688) and "<m>.input_scale" (W4A4). nullopt: the
+// architecture has no such tensor (the exporter refuses, naming it).
+std::optional<TensorRule> tensor_rule(const ArchPlan& a, std::string_view hf_name);
+
+}  // namespace microscale::io::gguf
