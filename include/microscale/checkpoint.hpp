@@ -15,6 +15,11 @@
 //                       modes, the weight's dtype for affine), <m>.biases (affine); config.json
 //                       "quantization" {group_size, bits, mode} mirrored as "quantization_config".
 //                       nvfp4 is two-level there (mlx-lm stores no global scale).
+//   gguf                one llama.cpp GGUF file (or its split files), not a directory: tensors named
+//                       and laid out as llama.cpp's converter writes them, nvfp4/mxfp4 weights in
+//                       ggml's blocks, the nvfp4 decode factor amax/2688 as a separate F32
+//                       "<weight>.scale" tensor, and the tokenizer from the model directory
+//                       (docs/gguf.md).
 // Packed bytes and block scales are the same bytes in every layout; only names, dtype labels,
 // shapes and the global-scale convention differ. In memory microscale keeps the global scale as
 // the tensor amax (QuantSpec::global_scale); import is amax = fl(2688/gs) (compressed-tensors)
@@ -58,8 +63,8 @@
 
 namespace microscale::io {
 
-enum class Convention { compressed_tensors, modelopt, mlx };
-const char* name(Convention c);  // "compressed-tensors", "modelopt", "mlx"
+enum class Convention { compressed_tensors, modelopt, mlx, gguf };
+const char* name(Convention c);  // "compressed-tensors", "modelopt", "mlx", "gguf"
 // Accepts those names (and "ct"); throws Error otherwise.
 Convention convention_from_name(std::string_view s);
 
@@ -170,6 +175,9 @@ struct QuantizeOptions {
   GptqOptions gptq;
   bool force = false;
   Part part;  // count 1: the whole checkpoint in this process
+  // GGUF only: split the file into llama.cpp's "<name>-0000i-of-0000n.gguf" files of at most this
+  // many bytes each (a tensor larger than that gets a file of its own); 0: one file.
+  std::uint64_t split_bytes = 0;
   ProgressFn progress;
 };
 // `in`: a model directory (config.json + model.safetensors or an index with shards) or a single
@@ -210,6 +218,7 @@ struct ConvertOptions {
   // and listed in Report::notes.
   bool unify_fused_scales = false;
   bool force = false;
+  std::uint64_t split_bytes = 0;  // GGUF only, as QuantizeOptions::split_bytes
   ProgressFn progress;
 };
 // Same quantized bytes, other layout. Throws Error (before writing anything) when a layer cannot

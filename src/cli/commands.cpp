@@ -104,6 +104,22 @@ QuantSpec spec_from_format(const std::string& f) {
   return s;
 }
 
+// --split-max-size: bytes, or a number with K, M or G (powers of 1000, as llama.cpp's gguf-split).
+std::uint64_t size_from_text(const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() ? 1 : unit == "K" ? 1e3 : unit == "M" ? 1e6 : unit == "G" ? 1e9 : 0;
+  if (used == 0 || scale == 0 || !(v * scale >= 1) || v * scale > 1e18)
+    throw Error("--split-max-size " + text + ": expected a size such as 2G, 500M or 1000000 (bytes)");
+  return static_cast<std::uint64_t>(v * scale);
+}
+
 // What a run on `model` reads, to check report paths against before the run starts. A model the
 // run cannot open is left to it: it refuses that with its own message before writing any report.
 io::RunInputs inputs_of(const std::string& model) {
@@ -198,7 +214,8 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
   // ---- quantize
   {
     struct O {
-      std::string in, out, format = "nvfp4", to, scale_rule, nonfinite = "propagate", amax_file, errors_csv, part;
+      std::string in, out, format = "nvfp4", to, scale_rule, nonfinite = "propagate", amax_file, errors_csv, part,
+          split_size;
       std::string scale_search = "none", hessians;
       double gptq_damp = 0.01;
       int gptq_block_size = 128;
@@ -210,10 +227,14 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     auto o = std::make_shared<O>();
     CLI::App* c = app.add_subcommand("quantize", "quantize the projection weights of a Hugging Face style checkpoint");
     c->add_option("MODEL_DIR", o->in, "model directory (config.json + safetensors) or a .safetensors file")->required();
-    c->add_option("-o,--output", o->out, "output directory")->required();
+    c->add_option("-o,--output", o->out, "output directory (a .gguf file for --export gguf)")->required();
     c->add_option("--format", o->format, "nvfp4, mxfp4, mxfp8, affine4 or affine8")->capture_default_str();
     c->add_option("--export", o->to,
-                  "compressed-tensors, modelopt or mlx (default: compressed-tensors for nvfp4/mxfp4, mlx otherwise)");
+                  "compressed-tensors, modelopt, mlx or gguf (llama.cpp; nvfp4 and mxfp4) (default: "
+                  "compressed-tensors for nvfp4/mxfp4, mlx otherwise)");
+    c->add_option("--split-max-size", o->split_size,
+                  "gguf: split the file into llama.cpp's NAME-0000i-of-0000n.gguf files of at most this size "
+                  "(2G, 500M, bytes)");
     c->add_option("--exclude", o->exclude,
                   "keep modules matching this glob (repeatable; 'down_proj' matches any "
                   "'*.down_proj')");
@@ -291,6 +312,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              const bool fp4 = opt.spec.mode == Mode::nvfp4 || opt.spec.mode == Mode::mxfp4;
              opt.to = o->to.empty() ? (fp4 ? io::Convention::compressed_tensors : io::Convention::mlx)
                                     : io::convention_from_name(o->to);
+             if (!o->split_size.empty()) opt.split_bytes = size_from_text(o->split_size);
              opt.exclude = o->exclude;
              opt.include = o->include;
              opt.share_fused_scales = !o->separate;
@@ -384,7 +406,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
   // ---- convert
   {
     struct O {
-      std::string in, out, to;
+      std::string in, out, to, split_size;
       bool force = false, unify = false;
     };
     auto o = std::make_shared<O>();
@@ -392,8 +414,11 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                                      "re-layout a quantized checkpoint for another ecosystem "
                                      "(same quantized bytes)");
     c->add_option("MODEL_DIR", o->in, "quantized model directory or .safetensors file")->required();
-    c->add_option("-o,--output", o->out, "output directory")->required();
-    c->add_option("--to", o->to, "compressed-tensors, modelopt or mlx")->required();
+    c->add_option("-o,--output", o->out, "output directory (a .gguf file for --to gguf)")->required();
+    c->add_option("--to", o->to, "compressed-tensors, modelopt, mlx or gguf")->required();
+    c->add_option("--split-max-size", o->split_size,
+                  "gguf: split the file into llama.cpp's NAME-0000i-of-0000n.gguf files of at most this size "
+                  "(2G, 500M, bytes)");
     c->add_flag("--unify-fused-scales", o->unify,
                 "re-quantize fused groups (q/k/v, gate/up) whose global scales "
                 "differ to their common max (lossy for those layers)");
@@ -403,6 +428,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                         io::ConvertOptions opt;
                         opt.to = io::convention_from_name(o->to);
                         opt.unify_fused_scales = o->unify;
+                        if (!o->split_size.empty()) opt.split_bytes = size_from_text(o->split_size);
                         opt.force = o->force;
                         ProgressBar bar("convert");
                         opt.progress = interruptible(bar.callback());

@@ -54,7 +54,7 @@ bool unstack_experts(const Input& in, const Layer& l, DType dtype, NonFinite non
   if (names.empty()) return false;
   Item it = layer_item(in, l);
   for (const std::string& name : names) it.entries.push_back({name, to_st_dtype(dtype), {n, k}});
-  it.run = [&in, &report, lp = &l, names, dtype, nonfinite, bytes = it.in_bytes](SafetensorsWriter& w) {
+  it.run = [&in, &report, lp = &l, names, dtype, nonfinite, bytes = it.in_bytes](TensorSink& w) {
     const Tensor y = dequantize_layer(*lp, dtype);
     TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
     check_nonfinite({y.bytes(), y.nbytes()}, dtype, lp->module, nonfinite, r);
@@ -134,7 +134,7 @@ void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, NonFinite 
       }
     it.label = name;
     it.entries = {{name, to_st_dtype(dtype), {e, k, n * static_cast<std::int64_t>(parts.size())}}};
-    it.run = [&in, &report, name, parts, dtype, nonfinite, e, n, k, bytes = it.in_bytes](SafetensorsWriter& w) {
+    it.run = [&in, &report, name, parts, dtype, nonfinite, e, n, k, bytes = it.in_bytes](TensorSink& w) {
       std::vector<Tensor> ys;
       std::vector<std::span<const std::byte>> spans;
       for (const Layer* l : parts) {
@@ -164,7 +164,7 @@ void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, NonFinite 
     }
     const Shape shape = {t.shape[0], t.shape[1] * static_cast<std::int64_t>(parts.size())};
     it.entries = {{name, t.dtype, shape}};
-    it.run = [&in, &report, name, parts, shape](SafetensorsWriter& w) {
+    it.run = [&in, &report, name, parts, shape](TensorSink& w) {
       const StTensor& first = in.ck.tensor(parts.front());
       std::vector<std::span<const std::byte>> spans;
       for (const std::string& p : parts) spans.push_back(in.ck.tensor(p).data);
@@ -190,7 +190,8 @@ struct StackedLayer {
   std::vector<const Layer*> members;
 };
 
-std::vector<StackedLayer> stack_layers(const std::vector<Layer>& layers) {
+// A layout that stores a global scale (GGUF's per-expert ".scale") keeps each expert's own.
+std::vector<StackedLayer> stack_layers(const std::vector<Layer>& layers, const LayoutOps& lay) {
   std::vector<std::string> names;
   for (const Layer& l : layers) names.push_back(l.module + ".weight");
   std::vector<StackedLayer> out;
@@ -201,13 +202,16 @@ std::vector<StackedLayer> stack_layers(const std::vector<Layer>& layers) {
       const Layer& l = layers[i];
       if (l.shape != first.shape || l.format.mode != first.format.mode ||
           l.format.group_size != first.format.group_size || l.format.bits != first.format.bits ||
-          l.float_dtype != first.float_dtype || l.global.to_amax() != first.global.to_amax())
+          l.float_dtype != first.float_dtype || l.global.three_level() != first.global.three_level() ||
+          (!lay.global_scale && l.global.to_amax() != first.global.to_amax()))
         throw Error("expert layer " + detail::quote(l.module) + " differs from " + detail::quote(first.module) +
-                    " in shape, format or global scale: mlx-lm stacks a projection's experts into one layer of "
-                    "one format");
+                    " in shape, format or global scale: " + lay.title +
+                    " stacks a projection's experts into one layer of one format");
       st.members.push_back(&l);
     }
     st.layer = first;
+    if (lay.global_scale && first.global.three_level())
+      for (const Layer* m : st.members) st.layer.expert_globals.push_back(m->global);
     st.layer.module = g.module;
     st.layer.experts = static_cast<std::int64_t>(g.members.size());
     st.layer.shape = {mul(g.module, st.layer.experts, first.rows(), "experts x rows"), first.cols()};
@@ -295,7 +299,7 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
     if (merged.count(l.module) || unstack_experts(in, l, dtype, opt.nonfinite, items, report)) continue;
     Item it = layer_item(in, l);
     it.entries = {{l.module + ".weight", to_st_dtype(dtype), l.stored(l.cols())}};
-    it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
+    it.run = [&, lp = &l, bytes = it.in_bytes](TensorSink& w) {
       const Tensor y = dequantize_layer(*lp, dtype);
       TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
       check_nonfinite({y.bytes(), y.nbytes()}, dtype, lp->module + ".weight", opt.nonfinite, r);
@@ -314,7 +318,11 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
       items.push_back(passthrough(in, n, report));
   if (acts) report.notes.push_back(std::to_string(acts) + " activation scales dropped (the output is not quantized)");
 
-  write_output(in, out, opt.force, items, nullptr, std::nullopt, {}, opt.progress, report, dtype);
+  WriteOptions w;
+  w.force = opt.force;
+  w.progress = opt.progress;
+  w.dtype = dtype;
+  write_output(in, out, items, std::nullopt, {}, w, report);
   return report;
 }
 
@@ -360,14 +368,14 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
     }
   }
 
-  // MLX: per-expert layers stacked; the others: stacked layers split per expert. Planned before
+  // MLX and GGUF: per-expert layers stacked; the others: stacked layers split per expert. Planned before
   // any file is written, like every other layer.
   std::vector<StackedLayer> stacks;
   std::set<const Layer*> stacked;
-  if (opt.to != Convention::mlx) det.layers = unstack_layers(std::move(det.layers), in.config);
-  if (opt.to == Convention::mlx) {
-    for (const Layer& l : det.layers) (void)emit(l, opt.to);  // a layer MLX cannot hold, named as such first
-    stacks = stack_layers(det.layers);
+  if (!lay.stacked_experts) det.layers = unstack_layers(std::move(det.layers), in.config);
+  if (lay.stacked_experts) {
+    for (const Layer& l : det.layers) (void)emit(l, opt.to);  // a layer the layout cannot hold, named as such first
+    stacks = stack_layers(det.layers, lay);
     for (const StackedLayer& st : stacks) stacked.insert(st.members.begin(), st.members.end());
   }
 
@@ -399,7 +407,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
     Item it = layer_item(in, stacks[i].layer);
     it.entries = std::move(planned_stacks[i]);
     it.layer = it.label;
-    it.run = [&, sp = &stacks[i], bytes = it.in_bytes](SafetensorsWriter& w) {
+    it.run = [&, sp = &stacks[i], bytes = it.in_bytes](TensorSink& w) {
       StackData data;
       const Layer l = stack_data(*sp, data);
       TensorReport r = layer_report(l, TensorAction::converted, bytes);
@@ -418,7 +426,7 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
       it.in_bytes = l.packed.size() + l.scales.size() + l.biases.size();
     it.entries = std::move(planned[i]);
     it.layer = it.label;
-    it.run = [&, lp = &l, bytes = it.in_bytes](SafetensorsWriter& w) {
+    it.run = [&, lp = &l, bytes = it.in_bytes](TensorSink& w) {
       TensorReport r = layer_report(*lp, TensorAction::converted, bytes);
       if (auto u = unify.find(lp->module); u != unify.end()) {
         const Tensor y = dequantize_layer(*lp, DType::float32);
@@ -441,7 +449,11 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   for (const std::string& n : in.ck.names())
     if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
 
-  write_output(in, out, opt.force, items, lay.shard_format, opt.to, meta, opt.progress, report);
+  WriteOptions w;
+  w.force = opt.force;
+  w.progress = opt.progress;
+  w.split_bytes = opt.split_bytes;
+  write_output(in, out, items, opt.to, meta, w, report);
   return report;
 }
 

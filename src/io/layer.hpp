@@ -5,6 +5,7 @@
 
 #include <array>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -82,6 +83,9 @@ struct Layer {
   // each, quantized per expert along K like any row, and stored as [experts, N, ...]. 0: a plain layer.
   std::int64_t experts = 0;
   Global global;              // nvfp4 only
+  // Stacked experts that keep a global scale each (GGUF's per-expert ".scale" vector): one per
+  // expert, in expert order; empty when `global` serves them all.
+  std::vector<Global> expert_globals;
   std::optional<Global> act;  // static activation scale (W4A4 checkpoints)
   std::span<const std::byte> packed, scales, biases;
   StDType float_dtype = StDType::bf16;  // dtype of affine scales and biases
@@ -129,6 +133,7 @@ std::int64_t mul(const std::string& module, std::int64_t a, std::int64_t b, cons
 struct Out {
   StEntry entry;
   std::span<const std::byte> data;
+  std::shared_ptr<const std::vector<std::byte>> owned;  // holds `data` when the layout rearranged the bytes
   std::array<std::byte, 4> scalar{};
   bool inline_scalar = false;
   std::span<const std::byte> bytes() const { return inline_scalar ? std::span<const std::byte>(scalar) : data; }

@@ -27,7 +27,7 @@ namespace ck {
 
 std::span<const LayoutOps* const> layouts() {
   // Detection tries them in this order.
-  static const LayoutOps* const all[] = {&kCompressedTensorsLayout, &kModelOptLayout, &kMlxLayout};
+  static const LayoutOps* const all[] = {&kCompressedTensorsLayout, &kModelOptLayout, &kMlxLayout, &kGgufLayout};
   return all;
 }
 
@@ -102,7 +102,7 @@ Detected detect(const Checkpoint& ck, const Json& config) {
   for (const std::string& n : ck.names()) {
     if (d.consumed.count(n)) continue;
     for (const LayoutOps* lay : layouts()) {
-      if (!lay->is_primary(ck, n)) continue;
+      if (!lay->is_primary || !lay->is_primary(ck, n)) continue;
       Layer l = lay->read(ck, config, module_of(n));
       kinds.insert(lay->name);
       d.convention = lay->convention;

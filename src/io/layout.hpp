@@ -34,6 +34,9 @@ struct Scheme {
   int group, bits;
 };
 
+struct Item;          // write_pipeline.hpp
+struct WriteOptions;  // write_pipeline.hpp
+
 struct LayoutOps {
   Convention convention;
   const char* name;                            // on the command line and in reports: "modelopt"
@@ -43,10 +46,12 @@ struct LayoutOps {
   std::span<const std::string_view> suffixes;  // of every tensor name it gives a layer: ".weight_packed", ...
   bool global_scale;                           // stores the nvfp4 global scale (three-level); else nvfp4 is two-level
   bool activation_scales;                      // stores static activation scales (W4A4)
-  bool per_layer_schemes;                      // its config describes layers of different schemes
+  bool stacked_experts;    // holds a projection's MoE experts as one [experts, N, K] layer (else one per expert)
+  bool per_layer_schemes;  // its config describes layers of different schemes
   const char* shard_format;  // the safetensors metadata "format" its files carry, or null to keep the input's
 
-  // Whether `tensor` is the first tensor of a layer in this layout (detection).
+  // Whether `tensor` is the first tensor of a layer in this layout (detection); null for a layout
+  // that safetensors checkpoints never hold (GGUF).
   bool (*is_primary)(const Checkpoint& ck, std::string_view tensor);
   Layer (*read)(const Checkpoint& ck, const Json& config, const std::string& module);
   // quantize: sets the layout's customary scale rule when the user chose none (may be null), and
@@ -56,10 +61,21 @@ struct LayoutOps {
   // Appends `l`'s tensors in write order; throws naming the layer when the layout cannot hold it.
   void (*emit)(const Layer& l, std::vector<Out>& out);
   // Writes the quantization block into `config`; returns hf_quant_config.json's content, or null.
+  // Null for a layout without a config.json (write_file).
   Json (*write_config)(Json& config, const Scheme& common, const Json& ignore, const QuantMeta& meta);
+  // The values a row's length K must be a multiple of when the layout's blocks span several
+  // groups (GGUF's nvfp4: 64); null: the group size.
+  std::int64_t (*row_block)(Mode mode);
+  // Writes the whole output as a file of the layout's own format from the items (GGUF); null for
+  // the layouts written as a directory of safetensors shards and configs.
+  void (*write_file)(const Input& in, const fs::path& out, std::vector<Item>& items, const QuantMeta& meta,
+                     const WriteOptions& opt, Report& report);
 };
 
-extern const LayoutOps kCompressedTensorsLayout, kModelOptLayout, kMlxLayout;
+extern const LayoutOps kCompressedTensorsLayout, kModelOptLayout, kMlxLayout, kGgufLayout;
+// The decode factor amax/2688 as a float32 (ModelOpt's weight_scale_2 and input_scale, GGUF's
+// ".scale"): a value stored so in one is carried to the other verbatim.
+extern const ScaleConvention kDecodeFactor;
 std::span<const LayoutOps* const> layouts();
 const LayoutOps& layout(Convention c);
 // "a or b" / "a, b or c" over the layouts with `flag` set (all with null), by name or by title.

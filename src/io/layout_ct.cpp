@@ -143,6 +143,7 @@ constinit const LayoutOps kCompressedTensorsLayout{
     .suffixes = kSuffixes,
     .global_scale = true,
     .activation_scales = true,
+    .stacked_experts = false,
     .per_layer_schemes = false,
     .shard_format = nullptr,
     .is_primary = is_primary,
@@ -151,6 +152,8 @@ constinit const LayoutOps kCompressedTensorsLayout{
     .check_spec = nullptr,
     .emit = emit_ct,
     .write_config = write_config,
+    .row_block = nullptr,
+    .write_file = nullptr,
 };
 
 }  // namespace microscale::io::ck

@@ -191,6 +191,7 @@ constinit const LayoutOps kMlxLayout{
     .suffixes = kSuffixes,
     .global_scale = false,
     .activation_scales = false,
+    .stacked_experts = true,
     .per_layer_schemes = true,
     .shard_format = "mlx",  // what mlx.core.save_safetensors writes
     .is_primary = is_primary,
@@ -199,6 +200,8 @@ constinit const LayoutOps kMlxLayout{
     .check_spec = check_spec,
     .emit = emit_mlx,
     .write_config = write_config,
+    .row_block = nullptr,
+    .write_file = nullptr,
 };
 
 }  // namespace microscale::io::ck

@@ -9,8 +9,6 @@
 
 namespace microscale::io::ck {
 
-namespace {
-
 // The stored value is the decode factor; decoding multiplies by it.
 constinit const ScaleConvention kDecodeFactor{
     "weight_scale_2", "amax/2688", [](float ws2) { return ws2 * k2688; },
@@ -18,6 +16,8 @@ constinit const ScaleConvention kDecodeFactor{
     // by zero and matches the encode factor 1 of FORMATS.md 2.1.
     [](float amax) { return amax == 0 ? 1.0f : amax / k2688; },
     [](float ws2) { return std::isfinite(ws2) && ws2 >= 0; }};
+
+namespace {
 
 constexpr std::string_view kSuffixes[] = {".weight", ".weight_scale", ".weight_scale_2", ".input_scale"};
 
@@ -100,6 +100,7 @@ constinit const LayoutOps kModelOptLayout{
     .suffixes = kSuffixes,
     .global_scale = true,
     .activation_scales = true,
+    .stacked_experts = false,
     .per_layer_schemes = false,
     .shard_format = nullptr,
     .is_primary = is_primary,
@@ -108,6 +109,8 @@ constinit const LayoutOps kModelOptLayout{
     .check_spec = nullptr,
     .emit = emit_modelopt,
     .write_config = write_config,
+    .row_block = nullptr,
+    .write_file = nullptr,
 };
 
 }  // namespace microscale::io::ck

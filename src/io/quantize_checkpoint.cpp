@@ -205,7 +205,7 @@ std::vector<Item> gptoss_bias_items(const Input& in, const std::string& name, Re
     const Shape shape = per_expert ? Shape{cols} : Shape{count, cols};
     Item it = tensor_item(in, name, out_name);
     it.entries = {{out_name, t.dtype, shape}};
-    it.run = [&in, &report, name, part, out_name, first, count, cols, shape](SafetensorsWriter& w) {
+    it.run = [&in, &report, name, part, out_name, first, count, cols, shape](TensorSink& w) {
       const StTensor& src = in.ck.tensor(name);
       const std::size_t size = st_nbytes(src.dtype, {1});
       std::vector<std::byte> out(static_cast<std::size_t>(count * cols) * size);
@@ -318,10 +318,13 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
   if (lay.check_spec) lay.check_spec(base);
   // CT and ModelOpt store a global scale (three-level); mlx-lm's nvfp4 is two-level.
   const bool three = base.mode == Mode::nvfp4 && lay.global_scale;
+  // K must be whole groups, and whole blocks where the layout's blocks span several groups (GGUF).
+  const std::int64_t row_block = lay.row_block ? lay.row_block(base.mode) : base.group_size;
 
   Report report;
-  // MLX writes experts as mlx-lm's SwitchGLU holds them: stacked [experts, N, K] (experts.hpp).
-  const bool mlx = opt.to == Convention::mlx;
+  // MLX and GGUF write experts stacked [experts, N, K], as mlx-lm's SwitchGLU and llama.cpp's
+  // *_exps tensors hold them (experts.hpp).
+  const bool stack = lay.stacked_experts;
   const bool gptoss = is_gptoss(in.config);
   // Select, and plan the layers as skeletons (shapes, no data) to validate the layout up front.
   std::vector<Sel> chosen;
@@ -350,14 +353,14 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
     all_modules.insert(module_of(logical));
     if (!looks_like_weight(logical, shape)) continue;  // biases, norms, buffers: copied
     const std::string m = owner_module(logical);
-    // Split into gate, up and down: stacked for MLX; copied codes elsewhere go per expert.
-    const bool gptoss_stack = (codes || (mlx && gptoss)) && gptoss_expert_weight(logical, shape);
+    // Split into gate, up and down: stacked for MLX and GGUF; copied codes elsewhere go per expert.
+    const bool gptoss_stack = (codes || (stack && gptoss)) && gptoss_expert_weight(logical, shape);
     Keep why = gptoss_stack ? Keep::quantize : shape.size() != 2 ? Keep::rank : default_keep(n, shape, dtype);
     if (by_name(why) && matches(opt.include, m)) why = Keep::quantize;
     if (why == Keep::quantize && matches(opt.exclude, m)) why = Keep::excluded;
     // K = 0 fits no group either: its codes and scales would have no columns to tell the group from.
-    if (why == Keep::quantize && (shape[1] == 0 || shape[1] % base.group_size != 0)) why = Keep::group;
-    const std::string reason = kept_reason(why, logical, shape, dtype, base.group_size, lay, gptoss);
+    if (why == Keep::quantize && (shape[1] == 0 || shape[1] % row_block != 0)) why = Keep::group;
+    const std::string reason = kept_reason(why, logical, shape, dtype, static_cast<int>(row_block), lay, gptoss);
     if (!weight_modules.count(m) || why != Keep::quantize) weight_modules[m] = reason;
     if (why != Keep::quantize) {
       kept[n] = reason;
@@ -369,7 +372,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
     if (gptoss_stack) {  // [E, in, out]: K is the input dimension, shape[1]
       for (ExpertRows& r : gptoss_layers(logical, shape)) {
         if (codes) r.tensors = {n};
-        if (!mlx) {  // llm-compressor's linearized experts: one [N, K] Linear each
+        if (!stack) {  // llm-compressor's linearized experts: one [N, K] Linear each
           for (std::int64_t e = 0; e < r.experts; ++e) {
             ExpertRows one = gptoss_expert(r, e);
             Layer l = Layer::of(one.module, base, {one.rows, one.cols});
@@ -390,7 +393,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
     if (three) l.global = Global::of_amax(1.0f);
     chosen.push_back({n, m, std::move(l), std::nullopt});
   }
-  if (mlx) stack_per_expert(chosen, kept);
+  if (stack) stack_per_expert(chosen, kept);
   // gpt-oss in MLX: mlx-lm reads its experts either all split (gate_proj, up_proj, down_proj; its
   // sanitize then stands aside) or all in the original stacked form, never a mix.
   const bool gptoss_split =
@@ -557,7 +560,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
   for (const std::string& n : in.ck.names()) {
     if (stacked_parts.count(n)) continue;
     if (gptoss_split && !gptoss_bias_parts(n).empty()) {
-      for (Item& it : gptoss_bias_items(in, n, report, !mlx)) items.push_back(std::move(it));
+      for (Item& it : gptoss_bias_items(in, n, report, !stack)) items.push_back(std::move(it));
       continue;
     }
     auto sel = by_name.find(n);
@@ -586,7 +589,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
         it.inputs = {expert_bytes(in.ck.tensor(codes->data), rows.first_expert, rows.experts),
                      expert_bytes(in.ck.tensor(codes->scale), rows.first_expert, rows.experts)};
         it.in_bytes = it.inputs[0].size() + it.inputs[1].size();
-        it.run = [&, sp = &s, codes, bytes_in = it.in_bytes, read = it.inputs](SafetensorsWriter& w) {
+        it.run = [&, sp = &s, codes, bytes_in = it.in_bytes, read = it.inputs](TensorSink& w) {
           const CodeBytes bytes = gptoss_codes(in.ck, *codes, *sp->experts);
           Layer l = sp->skel;
           l.packed = bytes.packed;
@@ -604,7 +607,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
         items.push_back(std::move(it));
         continue;
       }
-      it.run = [&, sp = &s, bytes_in = it.in_bytes](SafetensorsWriter& w) {
+      it.run = [&, sp = &s, bytes_in = it.in_bytes](TensorSink& w) {
         const StTensor& src = in.ck.tensor(sp->name);
         Tensor storage;
         const TensorView x = sp->experts ? (storage = gather_rows(in.ck, det.sources, *sp->experts), storage.view())
@@ -660,8 +663,13 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
   }
 
   note_dropped(det.sources, report);
-  write_output(in, out, opt.force, items, lay.shard_format, opt.to, meta, opt.progress, report, std::nullopt, opt.part,
-               options_text(base, opt, w4a4));
+  WriteOptions w;
+  w.force = opt.force;
+  w.progress = opt.progress;
+  w.part = opt.part;
+  w.options = options_text(base, opt, w4a4);
+  w.split_bytes = opt.split_bytes;
+  write_output(in, out, items, opt.to, meta, w, report);
   return report;
 }
 
@@ -702,10 +710,11 @@ Report convert_gptoss_mxfp4(const fs::path& in_path, const fs::path& out, const 
   q.spec.mode = Mode::mxfp4;
   q.to = opt.to;
   q.force = opt.force;
+  q.split_bytes = opt.split_bytes;
   q.progress = opt.progress;
   Report report = quantize_impl(in_path, out, q, true);
   report.notes.push_back(std::string("gpt-oss MXFP4 experts: E2M1 codes and E8M0 scales copied from the source") +
-                         (opt.to == Convention::mlx ? "" : " into one Linear per expert (llm-compressor's form)") +
+                         (layout(opt.to).stacked_experts ? "" : " into one Linear per expert (llm-compressor's form)") +
                          "; the float weights quantized to mxfp4 as quantize --format mxfp4 --export " +
                          layout(opt.to).name + " does");
   return report;

@@ -448,7 +448,7 @@ Item source_item(const Input& in, const SourceWeight& w, DType dt, Report& repor
   it.in_bytes += in.ck.tensor(w.scale).data.size();
   it.entries = {{w.output, to_st_dtype(dt), w.shape}};
   it.run = [&in, &w, dt, &report, action, reason = std::move(reason), nonfinite,
-            bytes = it.in_bytes](SafetensorsWriter& wr) {
+            bytes = it.in_bytes](TensorSink& wr) {
     const Tensor y = decode_source(in.ck, w, dt);
     TensorReport r;
     if (nonfinite) check_nonfinite({y.bytes(), y.nbytes()}, dt, w.output, *nonfinite, r);

@@ -73,7 +73,7 @@ Item passthrough(const Input& in, const std::string& name, Report& report, std::
   const StTensor& t = in.ck.tensor(name);
   Item it = tensor_item(in, name, name);
   it.entries = {{name, t.dtype, t.shape}};
-  it.run = [&in, name, reason = std::move(kept_reason), &report](SafetensorsWriter& w) {
+  it.run = [&in, name, reason = std::move(kept_reason), &report](TensorSink& w) {
     const StTensor& src = in.ck.tensor(name);
     w.write(name, src.data);
     release(src.data);
@@ -104,7 +104,7 @@ void check_nonfinite(std::span<const std::byte> values, DType dt, const std::str
               "; --nonfinite propagate writes them as they are");
 }
 
-void write_emitted(SafetensorsWriter& w, const std::vector<Out>& outs, TensorReport& r) {
+void write_emitted(TensorSink& w, const std::vector<Out>& outs, TensorReport& r) {
   for (const Out& o : outs) {
     w.write(o.entry.name, o.bytes());
     r.bytes_out += o.bytes().size();
@@ -117,6 +117,33 @@ std::vector<StEntry> entries_of(const std::vector<Out>& outs) {
   return e;
 }
 
+void sort_items(std::vector<Item>& items) {
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.shard, a.order) < std::tie(b.shard, b.order);
+  });
+}
+
+// A bounded, one-item-ahead prefetch into the page cache, which changes nothing but timing.
+void prefetch(std::span<const std::byte> bytes) {
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto b = reinterpret_cast<std::uintptr_t>(bytes.data()) & ~(page - 1);
+  const auto e = reinterpret_cast<std::uintptr_t>(bytes.data()) + bytes.size();
+  if (e > b) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_WILLNEED);
+}
+
+void run_item(const Input& in, Item& item, TensorSink& sink) {
+  // Input truncated or rewritten under us reads as zeros (a system call given its bytes fails
+  // with EFAULT instead): either way the input is what to report, and nothing may be kept.
+  try {
+    item.run(sink);
+  } catch (...) {
+    in.ck.check_unchanged();
+    throw;
+  }
+  in.ck.check_unchanged();
+  trim_heap();
+}
+
 namespace {
 
 // One output shard: the input shard whose items it holds, items[first, last) once sorted.
@@ -127,9 +154,7 @@ struct OutShard {
 // Sorts `items` by their place in the input and groups them into output shards, one per input
 // shard (none for an input shard whose tensors all moved elsewhere, when there is an index).
 std::vector<OutShard> plan_shards(const Input& in, std::vector<Item>& items) {
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return std::tie(a.shard, a.order) < std::tie(b.shard, b.order);
-  });
+  sort_items(items);
   std::vector<OutShard> shards;
   std::size_t next = 0;
   for (std::size_t s = 0; s < in.shard_rel.size(); ++s) {
@@ -139,16 +164,6 @@ std::vector<OutShard> plan_shards(const Input& in, std::vector<Item>& items) {
     shards.push_back({s, first, next});
   }
   return shards;
-}
-
-// Asks the kernel to start reading `bytes` (mapped input) now, so that the next item's input is
-// read from disk while this one is quantized and written: a bounded, one-item-ahead prefetch into
-// the page cache, which changes nothing but timing.
-void prefetch(std::span<const std::byte> bytes) {
-  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto b = reinterpret_cast<std::uintptr_t>(bytes.data()) & ~(page - 1);
-  const auto e = reinterpret_cast<std::uintptr_t>(bytes.data()) + bytes.size();
-  if (e > b) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_WILLNEED);
 }
 
 // Writes `shards` into `out` (same relative names as the input, metadata "format" set to
@@ -176,19 +191,11 @@ void write_shards(const Input& in, const fs::path& out, std::vector<Item>& items
     const fs::path path = out / in.shard_rel[sh.input];
     fs::create_directories(path.parent_path());
     SafetensorsWriter w(path, std::move(entries), md);
+    SafetensorsSink sink(w);
     for (std::size_t i = sh.first; i < sh.last; ++i, ++at) {
       if (at + 1 < order.size())
         for (const auto& b : items[order[at + 1]].inputs) prefetch(b);
-      // Input truncated or rewritten under us reads as zeros (a system call given its bytes fails
-      // with EFAULT instead): either way the input is what to report, and nothing may be kept.
-      try {
-        items[i].run(w);
-      } catch (...) {
-        in.ck.check_unchanged();
-        throw;
-      }
-      in.ck.check_unchanged();
-      trim_heap();
+      run_item(in, items[i], sink);
       ++pr.done;
       pr.bytes_done += items[i].in_bytes;
       pr.current = items[i].label;
@@ -287,13 +294,22 @@ Json split_plan(const Input& in, const std::vector<Item>& items, const std::vect
 
 }  // namespace
 
-void write_output(const Input& in, const fs::path& out, bool force, std::vector<Item>& items, const char* shard_format,
-                  std::optional<Convention> to, const QuantMeta& meta, const ProgressFn& progress, Report& report,
-                  std::optional<DType> dtype, Part part, const std::string& options) {
+void write_output(const Input& in, const fs::path& out, std::vector<Item>& items, std::optional<Convention> to,
+                  const QuantMeta& meta, const WriteOptions& opt, Report& report) {
   std::vector<OutputTensor> names;
   for (const Item& it : items)
     for (const StEntry& e : it.entries) names.push_back({e.name, it.layer, it.label});
   check_output_names(names);
+  const LayoutOps* lay = to ? &layout(*to) : nullptr;
+  if (lay && lay->write_file) return lay->write_file(in, out, items, meta, opt, report);
+  if (opt.split_bytes)
+    throw Error("a size limit per file splits single-file outputs (GGUF) only; " + std::string(lay ? lay->title : "a dequantized checkpoint") + " keeps the input's shards");
+  const char* shard_format = lay ? lay->shard_format : nullptr;
+  const bool force = opt.force;
+  const ProgressFn& progress = opt.progress;
+  const std::optional<DType>& dtype = opt.dtype;
+  const Part part = opt.part;
+  const std::string& options = opt.options;
   const std::vector<OutShard> shards = plan_shards(in, items);
   if (part.count <= 1) {
     Staging st(in.inputs, out, force);

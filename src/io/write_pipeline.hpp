@@ -14,6 +14,7 @@
 
 #include "io/layout.hpp"
 #include "io/staging.hpp"
+#include "io/tensor_sink.hpp"
 
 namespace microscale::io::ck {
 
@@ -25,7 +26,7 @@ struct Item {
   std::vector<std::span<const std::byte>> inputs;  // the mapped bytes it reads, to prefetch
   std::string label;
   std::string layer;  // the quantized layer whose tensors it writes; empty for other tensors
-  std::function<void(SafetensorsWriter&)> run;
+  std::function<void(TensorSink&)> run;
 };
 
 // An item for input tensor `tensor` (quantize) or for layer `l` (convert, dequantize): its place,
@@ -44,19 +45,36 @@ void check_nonfinite(std::span<const std::byte> values, DType dt, const std::str
                      TensorReport& r);
 
 // Writes `outs` (emit's tensors), adding their bytes to `r`.
-void write_emitted(SafetensorsWriter& w, const std::vector<Out>& outs, TensorReport& r);
+void write_emitted(TensorSink& w, const std::vector<Out>& outs, TensorReport& r);
 std::vector<StEntry> entries_of(const std::vector<Out>& outs);
 
+// How an operation's output is written.
+struct WriteOptions {
+  bool force = false;
+  ProgressFn progress;
+  std::optional<DType> dtype;  // dequantize: what config.json's torch_dtype says the weights now are
+  Part part;                   // a split run's part (count 1: the whole output)
+  std::string options;         // the text of the options that shape the bytes, which every part must share
+  std::uint64_t split_bytes = 0;  // single-file layouts: the largest file (0: one file)
+};
+
 // The whole output of an operation, built in a Staging directory next to `out` and moved into
-// place: every shard (same relative names as the input, metadata "format" set to `shard_format`
-// when given), the index when the input had one, the input's other files, hf_quant_config.json,
-// then config.json last (with `dtype`, its torch_dtype says what the weights now are).
+// place: every shard (same relative names as the input, metadata "format" set to the layout's
+// shard_format), the index when the input had one, the input's other files,
+// hf_quant_config.json, then config.json last. A layout that writes a file of its own
+// (LayoutOps::write_file: GGUF) gets the items instead.
 // With `part.count` > 1 only this part's shards are written, into the split run's PartStaging
-// directory, and the part that finds every part done writes the rest and publishes `out`;
-// `options` is the text of the options that shape the bytes, which every part must share.
-void write_output(const Input& in, const fs::path& out, bool force, std::vector<Item>& items, const char* shard_format,
-                  std::optional<Convention> to, const QuantMeta& meta, const ProgressFn& progress, Report& report,
-                  std::optional<DType> dtype = std::nullopt, Part part = {}, const std::string& options = {});
+// directory, and the part that finds every part done writes the rest and publishes `out`.
+void write_output(const Input& in, const fs::path& out, std::vector<Item>& items, std::optional<Convention> to,
+                  const QuantMeta& meta, const WriteOptions& opt, Report& report);
+
+// Items sorted into input order (shard, then data offset), as every output writes them.
+void sort_items(std::vector<Item>& items);
+// Runs `item` into `sink`, checking afterwards that the input did not change under it.
+void run_item(const Input& in, Item& item, TensorSink& sink);
+// Asks the kernel to read `bytes` (mapped input) ahead: the next item's input is read from disk
+// while this one is written.
+void prefetch(std::span<const std::byte> bytes);
 
 // glibc raises its mmap threshold after large frees, so per-tensor buffers of a few MB end up on
 // the heap and stay resident after being freed; hand them back so the peak stays near one tensor.
