@@ -69,6 +69,13 @@ class Hparams {
     throw Error(model_type_ + " config: " + names + " missing (llama.cpp's converter needs it)");
   }
   const Json& raw() const { return h_; }
+  // The config key holding `v` (a value first() returned) for messages; `fallback` for a value
+  // found elsewhere (inside rope_parameters).
+  std::string_view name_of(const Json& v, std::string_view fallback) const {
+    for (auto it = h_.begin(); it != h_.end(); ++it)
+      if (&*it == &v) return it.key();
+    return fallback;
+  }
 
  private:
   Json h_;
@@ -106,10 +113,12 @@ std::string lower(std::string s) {
 class KvList {
  public:
   KvList(std::string arch, const Hparams& h) : arch_(std::move(arch)), h_(h) {}
-  void u32(std::string_view suffix, const Json& v) { set(kv_u32(key(suffix), as_u32(v, suffix, h_.model_type()))); }
+  void u32(std::string_view suffix, const Json& v) {
+    set(kv_u32(key(suffix), as_u32(v, h_.name_of(v, suffix), h_.model_type())));
+  }
   void u32_value(std::string_view suffix, std::uint32_t v) { set(kv_u32(key(suffix), v)); }
   void f32(std::string_view suffix, const Json& v) {
-    set(kv_f32(key(suffix), static_cast<float>(as_number(v, suffix, h_.model_type()))));
+    set(kv_f32(key(suffix), static_cast<float>(as_number(v, h_.name_of(v, suffix), h_.model_type()))));
   }
   void str(std::string_view suffix, std::string v) { set(kv_str(key(suffix), std::move(v))); }
   void boolean(std::string_view suffix, bool v) { set(kv_bool(key(suffix), v)); }
@@ -222,7 +231,8 @@ void base_params(const Hparams& h, const Json& rope, KvList& kv) {
 }
 
 std::uint32_t u32_of(const Hparams& h, std::initializer_list<std::string_view> keys) {
-  return as_u32(h.required(keys), *keys.begin(), h.model_type());
+  const Json& v = h.required(keys);
+  return as_u32(v, h.name_of(v, *keys.begin()), h.model_type());
 }
 
 // Llama's rope dimension: head_dim, or hidden_size / num_attention_heads.
@@ -353,15 +363,21 @@ void gemma2_params(const Hparams& h, KvList& kv) {
 // Gemma 3 starts from the base and then fills in Gemma's defaults for keys a config may omit.
 void gemma3_params(const Hparams& h, const Json& rope, KvList& kv) {
   base_params(h, rope, kv);
-  const auto value_or = [&](std::string_view key, Json fallback) {
+  // A key the config has, or Gemma's default.
+  const Json defaults{{"max_position_embeddings", 131072},
+                      {"num_attention_heads", 8},
+                      {"rms_norm_eps", 1e-6},
+                      {"head_dim", 256},
+                      {"num_key_value_heads", 4}};
+  const auto value_or = [&](const char* key) -> const Json& {
     const Json* v = h.get({key});
-    return v ? *v : fallback;
+    return v ? *v : defaults.at(key);
   };
-  kv.u32("context_length", value_or("max_position_embeddings", 131072));
-  kv.u32("attention.head_count", value_or("num_attention_heads", 8));
-  kv.f32("attention.layer_norm_rms_epsilon", value_or("rms_norm_eps", 1e-6));
-  kv.u32("attention.key_length", value_or("head_dim", 256));
-  kv.u32("attention.value_length", value_or("head_dim", 256));
+  kv.u32("context_length", value_or("max_position_embeddings"));
+  kv.u32("attention.head_count", value_or("num_attention_heads"));
+  kv.f32("attention.layer_norm_rms_epsilon", value_or("rms_norm_eps"));
+  kv.u32("attention.key_length", value_or("head_dim"));
+  kv.u32("attention.value_length", value_or("head_dim"));
   kv.f32("rope.freq_base", Json(number_or(full_attention(rope), "rope_theta", 1e6, h.model_type())));
   if (h.get({"attn_logit_softcapping"}))
     throw Error(h.model_type() +
@@ -375,7 +391,7 @@ void gemma3_params(const Hparams& h, const Json& rope, KvList& kv) {
   const Json* pattern = h.get({"sliding_window_pattern"});
   if (!pattern || !(pattern->is_number() && pattern->get<double>() == 1))
     kv.u32("attention.sliding_window", h.required({"sliding_window"}));
-  kv.u32("attention.head_count_kv", value_or("num_key_value_heads", 4));
+  kv.u32("attention.head_count_kv", value_or("num_key_value_heads"));
 }
 
 // --- tensors ---
