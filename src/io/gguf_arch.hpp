@@ -30,7 +30,7 @@ struct ExtraTensor {
 struct ArchPlan {
   std::string hf_type;           // config model_type: "qwen3_moe"
   std::string arch;              // general.architecture: "qwen3moe"
-  std::vector<Kv> kvs;           // general.architecture, general.name (when known), "<arch>.*" hyperparameters
+  std::vector<Kv> kvs;           // general.architecture and the "<arch>.*" hyperparameters
   std::int64_t vocab_size = 0;   // config vocab_size; 0 where the config has none
   bool tied_embeddings = false;  // no output.weight: llama.cpp uses token_embd.weight
   // Llama 3's rope_freqs (rope_type "llama3"), Phi-3's long/short rope factors (longrope configs).
