@@ -21,17 +21,29 @@ struct TensorRule {
   bool skip = false;      // not written (buffers llama.cpp recomputes, e.g. rotary inv_freq)
 };
 
+// A 1-D F32 tensor the converter computes from the config rather than reads from the checkpoint.
+struct ExtraTensor {
+  std::string name;  // "rope_freqs.weight"
+  std::vector<float> values;
+};
+
 struct ArchPlan {
-  std::string hf_type;  // config model_type: "qwen3_moe"
-  std::string arch;     // general.architecture: "qwen3moe"
-  std::vector<Kv> kvs;  // general.architecture, general.name (when known), "<arch>.*" hyperparameters
-  std::int64_t vocab_size = 0;
+  std::string hf_type;           // config model_type: "qwen3_moe"
+  std::string arch;              // general.architecture: "qwen3moe"
+  std::vector<Kv> kvs;           // general.architecture and the "<arch>.*" hyperparameters
+  std::int64_t vocab_size = 0;   // config vocab_size; 0 where the config has none
   bool tied_embeddings = false;  // no output.weight: llama.cpp uses token_embd.weight
+  // Llama 3's rope_freqs (rope_type "llama3"), Phi-3's long/short rope factors (longrope configs).
+  std::vector<ExtraTensor> extra_tensors;
 };
 
 // Throws Error naming model_type (and the supported ones) for an architecture without a GGUF
 // form here, and naming the key for a config missing a hyperparameter llama.cpp needs.
 ArchPlan arch_plan(const Json& config);
+
+// general.file_type (llama_ftype) the converter writes for a file whose quantized weights are of
+// type `weights`: NVFP4 wins over MXFP4 in a file holding both, as in the converter.
+std::uint32_t llama_file_type(GgmlType weights);
 
 // The rule for a tensor name as the exporter presents it: the checkpoint's own names, where
 // per-expert weights "<p>.experts.<e>.<proj>.weight" are stacked first and presented as
