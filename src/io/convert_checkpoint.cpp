@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "io/gguf_import.hpp"
 #include "io/experts.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
@@ -275,6 +276,7 @@ Layer stack_data(const StackedLayer& st, StackData& d) {
 // ---- dequantize
 
 Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const DequantizeOptions& opt) {
+  if (is_gguf_file(in_path)) return dequantize_gguf(in_path, out, opt);
   if (opt.dtype && !is_float(*opt.dtype))
     throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(*opt.dtype));
   if (opt.nonfinite == NonFinite::saturate)
@@ -329,6 +331,7 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
 // ---- convert
 
 Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const ConvertOptions& opt) {
+  if (is_gguf_file(in_path)) return convert_gguf(in_path, out, opt);
   const Input in = open_complete(in_path);
   Detected det = detect(in.ck, in.config);
   check_unsupported(det);

@@ -3,6 +3,7 @@
 #include "io/gguf_arch.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <initializer_list>
@@ -691,6 +692,74 @@ std::optional<TensorRule> tensor_rule(const ArchPlan& a, std::string_view n) {
     if (base.ends_with(".attn_k")) r.permute_heads = static_cast<int>(kv_heads != 0 ? kv_heads : heads);
   }
   return r;
+}
+
+std::vector<std::string> hf_names(const ArchPlan& a, std::int64_t blocks) {
+  const Supported* s = find_supported(a.hf_type);
+  if (!s) return {};
+  std::vector<std::string> modules = {"model.embed_tokens", "model.norm", "lm_head"};
+  for (std::int64_t b = 0; b < blocks; ++b)
+    for (const Entry& e : entries(s->family))
+      modules.push_back("model.layers." + std::to_string(b) + "." + std::string(e.hf));
+  std::vector<std::string> names;
+  for (const std::string& m : modules) {
+    for (const auto& [suffix, leaf] : kLeaves) names.push_back(m + std::string(suffix));
+    if (m.ends_with(".self_attn.sinks")) names.push_back(m);
+  }
+  return names;
+}
+
+Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_output) {
+  const auto find = [&](std::string_view key) -> const Json* {
+    for (const Kv& kv : kvs)
+      if (kv.key == key) return &kv.value;
+    return nullptr;
+  };
+  const Json* arch = find("general.architecture");
+  if (!arch || !arch->is_string()) throw Error("the GGUF has no general.architecture string");
+  const std::string a = arch->get<std::string>();
+  // The transformers class that holds each architecture's weights (Mistral's are Llama's).
+  static constexpr std::array<std::array<std::string_view, 3>, 8> kClasses = {{
+      {"llama", "llama", "LlamaForCausalLM"},
+      {"qwen2", "qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "qwen3", "Qwen3ForCausalLM"},
+      {"qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM"},
+      {"gemma2", "gemma2", "Gemma2ForCausalLM"},
+      {"gemma3", "gemma3_text", "Gemma3ForCausalLM"},
+      {"phi3", "phi3", "Phi3ForCausalLM"},
+      {"gpt-oss", "gpt_oss", "GptOssForCausalLM"},
+  }};
+  const auto cls = std::find_if(kClasses.begin(), kClasses.end(), [&](const auto& c) { return c[0] == a; });
+  if (cls == kClasses.end())
+    throw Error("GGUF architecture \"" + a + "\" has no transformers form here; supported: " + supported_list());
+  Json c = Json::object();
+  c["architectures"] = Json::array({std::string((*cls)[2])});
+  c["model_type"] = std::string((*cls)[1]);
+  // GGUF key suffix -> config keys.
+  static constexpr std::pair<std::string_view, std::string_view> kKeys[] = {
+      {"block_count", "num_hidden_layers"},
+      {"context_length", "max_position_embeddings"},
+      {"embedding_length", "hidden_size"},
+      {"feed_forward_length", "intermediate_size"},
+      {"attention.head_count", "num_attention_heads"},
+      {"attention.head_count_kv", "num_key_value_heads"},
+      {"attention.layer_norm_rms_epsilon", "rms_norm_eps"},
+      {"attention.key_length", "head_dim"},
+      {"attention.sliding_window", "sliding_window"},
+      {"rope.freq_base", "rope_theta"},
+      {"expert_count", "num_experts"},
+      {"expert_count", "num_local_experts"},
+      {"expert_used_count", "num_experts_per_tok"},
+      {"attn_logit_softcapping", "attn_logit_softcapping"},
+      {"final_logit_softcapping", "final_logit_softcapping"},
+  };
+  for (const auto& [suffix, key] : kKeys)
+    if (const Json* v = find(a + "." + std::string(suffix))) c[std::string(key)] = *v;
+  if (const Json* v = find(a + ".expert_feed_forward_length"))
+    c[a == "gpt-oss" ? "intermediate_size" : "moe_intermediate_size"] = *v;
+  c["vocab_size"] = vocab_size;
+  c["tie_word_embeddings"] = !has_output;
+  return c;
 }
 
 }  // namespace microscale::io::gguf

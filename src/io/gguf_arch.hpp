@@ -52,4 +52,12 @@ std::uint32_t llama_file_type(GgmlType weights);
 // architecture has no such tensor (the exporter refuses, naming it).
 std::optional<TensorRule> tensor_rule(const ArchPlan& a, std::string_view hf_name);
 
+// Reading a GGUF back (gguf_import.cpp): every tensor name, as the exporter presents them, that
+// the architecture knows for `blocks` layers (tensor_rule maps each to its GGUF name), and a
+// transformers config.json rebuilt from the keys: the architecture and the hyperparameters
+// llama.cpp keeps, `vocab_size` from the embedding's rows and tie_word_embeddings from whether the
+// file has an output.weight. Throws Error naming general.architecture when it is not one of these.
+std::vector<std::string> hf_names(const ArchPlan& a, std::int64_t blocks);
+Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_output);
+
 }  // namespace microscale::io::gguf

@@ -209,16 +209,30 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
         throw Error("output tensor " + detail::quote(e.name) + " would be written twice");
     }
 
+  // Tensors llama.cpp's converter computes from the config (Llama 3's rope_freqs, ...).
+  std::vector<std::pair<Target, const gguf::ExtraTensor*>> extras;
+  for (const gguf::ExtraTensor& x : arch.extra_tensors) {
+    if (!gguf_names.emplace(x.name, x.name).second)
+      throw Error("GGUF tensor " + detail::quote(x.name) + " is both computed from config.json and in the checkpoint");
+    Target t;
+    t.rule.name = x.name;
+    t.ne = {static_cast<std::int64_t>(x.values.size())};
+    extras.emplace_back(std::move(t), &x);
+  }
+
   // The keys: the architecture's, the tokenizer's, and what the file holds.
   std::vector<gguf::Kv> kvs;
   std::set<std::string> keys;
   auto add = [&](gguf::Kv kv) {
     if (keys.insert(kv.key).second) kvs.push_back(std::move(kv));
   };
+  for (const gguf::Kv& kv : arch.kvs) add(kv);  // general.architecture first, as the converter writes it
+  add(gguf::kv_str("general.type", "model"));
+  const fs::path dir_name = fs::absolute(in.dir).lexically_normal().filename();
+  if (!dir_name.empty()) add(gguf::kv_str("general.name", dir_name.string()));
   add(gguf::kv_u32("general.quantization_version", 2));
-  // llama.cpp's file types: MOSTLY_NVFP4 39, MOSTLY_MXFP4_MOE 38 (the file's main type).
-  if (any_nvfp4 || any_mxfp4) add(gguf::kv_u32("general.file_type", any_nvfp4 ? 39 : 38));
-  for (const gguf::Kv& kv : arch.kvs) add(kv);
+  if (any_nvfp4 || any_mxfp4)
+    add(gguf::kv_u32("general.file_type", gguf::llama_file_type(any_nvfp4 ? GgmlType::nvfp4 : GgmlType::mxfp4)));
   for (const gguf::Kv& kv : vocab.kvs) add(kv);
   // Weight-only nvfp4 (W4A16): llama.cpp keeps those matmuls' activations at 8 bits, as its
   // converter asks for such checkpoints, instead of rounding them to 4-bit.
@@ -229,10 +243,13 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
   }
 
   // Files: one, or llama.cpp's splits of at most split_bytes each (a larger tensor alone).
-  std::vector<std::vector<std::string>> split(1);
+  std::vector<std::vector<const Target*>> split(1);
   std::uint64_t used = 0;
-  for (const std::string& n : order) {
-    Target& t = targets.find(n)->second;
+  std::vector<Target*> placed;
+  for (const std::string& n : order) placed.push_back(&targets.find(n)->second);
+  for (auto& [t, x] : extras) placed.push_back(&t);
+  for (Target* tp : placed) {
+    Target& t = *tp;
     const std::uint64_t bytes = gguf::tensor_bytes(t.type, t.ne, t.rule.name);
     if (opt.split_bytes && used > 0 && used + bytes > opt.split_bytes) {
       split.emplace_back();
@@ -241,7 +258,7 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
     used += bytes;
     t.file = split.size() - 1;
     t.index = split.back().size();
-    split.back().push_back(n);
+    split.back().push_back(&t);
   }
   const int count = static_cast<int>(split.size());
   if (count > 9999) throw Error("--split-max-size gives " + std::to_string(count) + " files, more than GGUF's 9999");
@@ -256,15 +273,12 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
   std::vector<gguf::GgufWriter> files;
   for (int i = 0; i < count; ++i) {
     std::vector<gguf::TensorInfo> infos;
-    for (const std::string& n : split[static_cast<std::size_t>(i)]) {
-      const Target& t = targets.find(n)->second;
-      infos.push_back({t.rule.name, t.type, t.ne});
-    }
+    for (const Target* t : split[static_cast<std::size_t>(i)]) infos.push_back({t->rule.name, t->type, t->ne});
     std::vector<gguf::Kv> file_kvs = i == 0 ? kvs : std::vector<gguf::Kv>{};
     if (count > 1) {  // llama.cpp's split keys
       file_kvs.push_back({"split.no", gguf::ValueType::u16, Json(i)});
       file_kvs.push_back({"split.count", gguf::ValueType::u16, Json(count)});
-      file_kvs.push_back(gguf::kv_i32("split.tensors.count", static_cast<std::int32_t>(order.size())));
+      file_kvs.push_back(gguf::kv_i32("split.tensors.count", static_cast<std::int32_t>(placed.size())));
     }
     files.emplace_back(paths[static_cast<std::size_t>(i)], std::move(file_kvs), std::move(infos));
   }
@@ -282,6 +296,8 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
     pr.current = items[i].label;
     if (opt.progress) opt.progress(pr);
   }
+  for (const auto& [t, x] : extras)
+    files[t.file].write(t.index, 0, {reinterpret_cast<const std::byte*>(x->values.data()), x->values.size() * 4});
   // Published together: a failure before the last rename removes the files already renamed.
   std::size_t published = 0;
   try {
@@ -297,7 +313,7 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
   }
   report.shards = files.size();
   report.bytes_in = pr.bytes_total;
-  report.notes.push_back("GGUF for llama.cpp's " + arch.arch + " (" + std::to_string(order.size()) + " tensors" +
+  report.notes.push_back("GGUF for llama.cpp's " + arch.arch + " (" + std::to_string(placed.size()) + " tensors" +
                          (count > 1 ? ", " + std::to_string(count) + " split files" : "") + "), vocabulary from " +
                          vocab.source);
 }

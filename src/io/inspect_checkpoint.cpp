@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "io/gguf_import.hpp"
 #include "io/layout.hpp"
 #include "io/staging.hpp"
 #include "io/tensor_values.hpp"
@@ -118,6 +119,7 @@ void describe_source(InspectRow& row, const StTensor& t, const Checkpoint& ck, c
 }  // namespace
 
 InspectResult inspect_checkpoint(const fs::path& path, bool stats, const ProgressFn& progress) {
+  if (is_gguf_file(path)) return inspect_gguf(path);
   const Input in = open_complete(path);
   const Detected det = detect(in.ck, in.config);
   InspectResult res;
