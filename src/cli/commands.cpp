@@ -39,6 +39,18 @@ void print_summary(const char* verb, const io::Report& r, const fs::path& out, d
   for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
 }
 
+// Every weight left in high precision (or, converting, written as floats), by reason.
+void print_kept(const io::Report& r) {
+  std::map<std::string, std::vector<std::string>> kept;
+  for (const io::TensorReport& t : r.tensors)
+    if (t.action == io::TensorAction::kept) kept[t.reason].push_back(t.name);
+  for (const auto& [why, names] : kept) {
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    std::printf("kept %zu weight%s (%s): %s\n", names.size(), names.size() == 1 ? "" : "s", why.c_str(), list.c_str());
+  }
+}
+
 // One warning per tensor holding NaN/Inf values (quantized from, or dequantized to), saying what
 // was done with them.
 void warn_nonfinite(const io::Report& r, const std::string& done) {
@@ -327,16 +339,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              bar.finish();
              std::printf("%s %s -> %s (%s)\n", o->format.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));
              print_summary(r.published ? "wrote" : "wrote part of", r, o->out, seconds_since(t0));
-             // Every weight left in high precision, by reason.
-             std::map<std::string, std::vector<std::string>> kept;
-             for (const io::TensorReport& t : r.tensors)
-               if (t.action == io::TensorAction::kept) kept[t.reason].push_back(t.name);
-             for (const auto& [why, names] : kept) {
-               std::string list;
-               for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-               std::printf("kept %zu weight%s (%s): %s\n", names.size(), names.size() == 1 ? "" : "s", why.c_str(),
-                           list.c_str());
-             }
+             print_kept(r);
              warn_nonfinite(r, "quantized with --nonfinite " + o->nonfinite);
              if (!opt.measure_error) return;
              std::size_t w = 5;
@@ -436,6 +439,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                         const io::Report r = io::convert_checkpoint(o->in, o->out, opt);
                         bar.finish();
                         print_summary("wrote", r, o->out, seconds_since(t0));
+                        print_kept(r);
                       });
                     }});
   }

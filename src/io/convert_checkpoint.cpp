@@ -271,6 +271,31 @@ Layer stack_data(const StackedLayer& st, StackData& d) {
   return l;
 }
 
+// The config groups of a mixed checkpoint's FP8 weights, written as they were, and the targets
+// of the group the converted layers get: those of the groups they came from, so that every module
+// is claimed as it was (a layer no group claimed is named exactly).
+void keep_fp8_groups(const Detected& det, QuantMeta& meta) {
+  std::set<std::size_t> fp8, own;
+  for (const SourceWeight& w : det.sources.weights)
+    if (const auto g = det.group_of.find(w.module); g != det.group_of.end()) fp8.insert(g->second);
+  meta.targets = Json::array();
+  for (const Layer* l : meta.layers)
+    if (const auto g = det.group_of.find(l->module); g != det.group_of.end())
+      own.insert(g->second);
+    else
+      meta.targets.push_back(l->module);
+  for (std::size_t g : own) {
+    if (fp8.count(g))
+      throw Error("config group " + detail::quote(det.groups.groups[g].name) +
+                  " of config.json holds both FP8 and packed FP4 weights; a group has one format");
+    for (const std::string& t : det.groups.groups[g].targets) meta.targets.push_back(t);
+  }
+  if (!own.empty()) meta.group_name = det.groups.groups[*own.begin()].name;
+  for (std::size_t g : fp8) meta.kept_groups.push_back(&det.groups.groups[g]);
+  for (const CtGroup* k : meta.kept_groups)
+    if (k->name == meta.group_name) meta.group_name = "group_" + std::to_string(det.groups.groups.size());
+}
+
 }  // namespace
 
 // ---- dequantize
@@ -339,10 +364,15 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   // per-expert Linears; ModelOpt's loaders have no form for its experts.
   if (det.sources.kind == SourceKind::gptoss_mxfp4 && opt.to != Convention::modelopt)
     return convert_gptoss_mxfp4(in_path, out, opt);
-  if (det.sources.kind) refuse_convert(det.sources, in_path.string(), opt.to);
+  if (det.sources.kind && !det.mixed()) refuse_convert(det.sources, in_path.string(), opt.to);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");
   const LayoutOps& lay = layout(opt.to);
   Report report;
+  // FP8 weights of a mixed compressed-tensors checkpoint: kept with their scales and config group
+  // where the target holds them, else written as floats (docs/checkpoints.md, "Mixed config groups").
+  const bool fp8_as_is = det.mixed() && lay.keeps_fp8_groups;
+  const bool fp8_decoded = det.mixed() && !lay.keeps_fp8_groups;
+  const DType fp8_dtype = fp8_decoded ? source_dtype(in, det, report) : DType::bfloat16;
 
   // Activation scales survive only when every layer has one and the target stores them.
   const std::size_t acts = static_cast<std::size_t>(
@@ -400,10 +430,14 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   std::vector<std::vector<StEntry>> planned_stacks;
   for (const StackedLayer& st : stacks) planned_stacks.push_back(entries_of(emit(st.layer, opt.to)));
   for (const std::string& n : in.ck.names()) {
-    if (det.consumed.count(n)) continue;
+    if (det.consumed.count(n) || det.sources.consumed.count(n)) continue;
     const StTensor& t = in.ck.tensor(n);
     add_ignored_tensor(meta.ignore, n, t.shape, t.dtype);
   }
+  if (fp8_decoded)
+    for (const SourceWeight& w : det.sources.weights)
+      add_ignored_tensor(meta.ignore, w.output, w.shape, to_st_dtype(fp8_dtype));
+  if (fp8_as_is) keep_fp8_groups(det, meta);
 
   std::vector<Item> items;
   for (std::size_t i = 0; i < stacks.size(); ++i) {
@@ -449,8 +483,18 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
     };
     items.push_back(std::move(it));
   }
+  if (fp8_decoded) {
+    for (const SourceWeight& w : det.sources.weights) {
+      const auto g = det.group_of.find(w.module);
+      const std::string group = g == det.group_of.end() ? "" : " " + det.groups.groups[g->second].name;
+      items.push_back(source_item(in, w, fp8_dtype, report, TensorAction::kept,
+                                  "FP8 group" + group + ": " + lay.name + " has no FP8 form here"));
+    }
+    note_dropped(det.sources, report);
+  }
   for (const std::string& n : in.ck.names())
-    if (!det.consumed.count(n)) items.push_back(passthrough(in, n, report));
+    if (!det.consumed.count(n) && !(fp8_decoded && det.sources.consumed.count(n)))
+      items.push_back(passthrough(in, n, report));
 
   WriteOptions w;
   w.force = opt.force;

@@ -116,6 +116,40 @@ void describe_source(InspectRow& row, const StTensor& t, const Checkpoint& ck, c
   }
 }
 
+// ", config group \"group_1\"" after a quantized weight's description, when the config has groups.
+std::string group_text(const Detected& det, const std::string& module) {
+  const auto g = det.group_of.find(module);
+  return g == det.group_of.end() ? "" : ", config group " + detail::quote(det.groups.groups[g->second].name);
+}
+
+// compressed-tensors' config groups, each with its format and how many layers of each format it
+// holds, and the weights its `ignore` keeps in high precision.
+void describe_groups(const Detected& det, const Checkpoint& ck, InspectResult& res) {
+  if (det.groups.empty()) return;
+  std::vector<std::map<std::string, std::size_t>> counts(det.groups.groups.size());  // format -> layers
+  for (const Layer& l : det.layers)
+    if (const auto g = det.group_of.find(l.module); g != det.group_of.end()) ++counts[g->second][name(l.format.mode)];
+  for (const SourceWeight& w : det.sources.weights)
+    if (const auto g = det.group_of.find(w.module); g != det.group_of.end()) ++counts[g->second]["fp8"];
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const CtGroup& g = det.groups.groups[i];
+    std::string layers;
+    for (const auto& [format, n] : counts[i]) layers += (layers.empty() ? "" : ", ") + std::to_string(n) + " " + format;
+    std::string targets;
+    for (const std::string& t : g.targets) targets += (targets.empty() ? "" : ", ") + detail::quote(t);
+    res.notes.push_back("config group " + detail::quote(g.name) + " (" + (g.format.empty() ? "?" : g.format) +
+                        "): " + (layers.empty() ? "no" : layers) + " layers; targets " + targets);
+  }
+  std::size_t kept = 0;
+  for (const std::string& n : ck.names()) {
+    const StTensor& t = ck.tensor(n);
+    if (!det.consumed.count(n) && !det.sources.consumed.count(n) && n.ends_with(".weight") && t.shape.size() == 2 &&
+        det.groups.ignored(n.substr(0, n.size() - std::string_view(".weight").size())))
+      ++kept;
+  }
+  if (kept) res.notes.push_back(std::to_string(kept) + " weights kept in high precision by the config's ignore list");
+}
+
 }  // namespace
 
 InspectResult inspect_checkpoint(const fs::path& path, bool stats, const ProgressFn& progress) {
@@ -157,8 +191,10 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
     row.shape = t.shape;
     if (auto it = part.find(n); it != part.end()) {
       describe_part(row, t, *it->second.first, it->second.second, stats);
+      if (it->second.second == Role::packed) row.detail += group_text(det, it->second.first->module);
     } else if (det.sources.consumed.count(n)) {
       describe_source(row, t, in.ck, det.sources, stats);
+      if (const SourceWeight* w = det.sources.find(n)) row.detail += group_text(det, w->module);
     } else if (unsupported.count(n)) {
       row.format = "unsupported quantized";
     } else if (std::find(det.strays.begin(), det.strays.end(), n) != det.strays.end()) {
@@ -181,6 +217,7 @@ InspectResult inspect_checkpoint(const fs::path& path, bool stats, const Progres
   }
   if (!det.layers.empty())
     res.notes.push_back(std::to_string(det.layers.size()) + " quantized layers (" + det.convention_name() + ")");
+  describe_groups(det, in.ck, res);
   if (det.sources.kind)
     res.notes.push_back(std::to_string(det.sources.weights.size()) + " quantized source weights (" +
                         name(*det.sources.kind) + "): microscale dequantize decodes them" +

@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "io/ct_groups.hpp"
 #include "io/layout.hpp"
 #include "io/weight_rules.hpp"
 
@@ -96,6 +97,35 @@ void check_not_stacked(const Layer& l, const LayoutOps& lay) {
 
 // ---- detection
 
+namespace {
+
+// Each quantized weight of a compressed-tensors checkpoint to the config group that describes it,
+// refusing one whose group stores another format (FP8 under an nvfp4 group, say) or that the
+// config says it left in high precision.
+void match_groups(Detected& d, const Json& config) {
+  d.groups = ct_groups(config);
+  if (d.groups.empty()) return;
+  auto match = [&](const std::string& module, const std::string& tensor, CtFormat stored) {
+    const CtGroup* g = d.groups.claim(module, tensor);
+    if (!g) {
+      if (d.groups.ignored(module))
+        throw Error("tensor " + detail::quote(tensor) + " is stored quantized (" + name(stored) +
+                    "), but config.json's quantization_config.ignore lists its module as left in high precision");
+      return;
+    }
+    if (g->kind != stored && g->kind != CtFormat::other)
+      throw Error("tensor " + detail::quote(tensor) + " is stored as " + name(stored) + ", but config group " +
+                  detail::quote(g->name) + " of config.json, which targets it, has format " + g->format);
+    d.group_of[module] = static_cast<std::size_t>(g - d.groups.groups.data());
+  };
+  for (const Layer& l : d.layers)
+    match(l.module, l.primary(), l.format.mode == Mode::nvfp4 ? CtFormat::nvfp4_pack : CtFormat::mxfp4_pack);
+  if (d.sources.kind == SourceKind::ct_fp8)
+    for (const SourceWeight& w : d.sources.weights) match(w.module, w.data, CtFormat::float_quantized);
+}
+
+}  // namespace
+
 Detected detect(const Checkpoint& ck, const Json& config) {
   Detected d;
   std::set<std::string> kinds;
@@ -112,8 +142,13 @@ Detected detect(const Checkpoint& ck, const Json& config) {
     }
   }
   d.sources = scan_sources(ck, config, d.consumed);
-  if (d.sources.kind && !kinds.empty())
+  // compressed-tensors holds FP8 and packed FP4 groups side by side (Detected::mixed); other
+  // layouts and source formats do not mix.
+  const bool ct_mixed =
+      d.sources.kind == SourceKind::ct_fp8 && kinds.size() == 1 && d.convention == Convention::compressed_tensors;
+  if (d.sources.kind && !kinds.empty() && !ct_mixed)
     throw Error("checkpoint mixes quantized layouts (" + *kinds.begin() + ", " + name(*d.sources.kind) + ")");
+  if (d.convention == Convention::compressed_tensors || d.sources.kind == SourceKind::ct_fp8) match_groups(d, config);
   // A tensor named like a part of a quantized layer that the layer's layout does not read (a
   // ModelOpt layer beside "m.input_global_scale", say) is a mix of layouts: another layout would
   // read it as part of the layer, so it can neither be dropped nor copied through.

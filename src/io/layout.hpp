@@ -5,6 +5,7 @@
 // Convention (checkpoint.hpp).
 #pragma once
 
+#include <map>
 #include <optional>
 #include <set>
 #include <span>
@@ -12,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "io/ct_groups.hpp"
 #include "io/layer.hpp"
 #include "io/source.hpp"
 
@@ -26,6 +28,11 @@ struct QuantMeta {
   int gptq_layers = 0;                           // layers rounded with GPTQ (recorded when > 0)
   GptqOptions gptq;
   bool scale_2d = false;  // recorded in the producer block when the nvfp4 scales are 16x16 tiles
+  // Layouts that keep FP8 groups (LayoutOps::keeps_fp8_groups): the config groups written as they
+  // were, beside the layers' own group, which is named `group_name` and has `targets` (null: "Linear").
+  std::vector<const CtGroup*> kept_groups;
+  std::string group_name = "group_0";
+  Json targets;
 };
 
 // The (mode, group, bits) most layers use.
@@ -70,6 +77,9 @@ struct LayoutOps {
   // the layouts written as a directory of safetensors shards and configs.
   void (*write_file)(const Input& in, const fs::path& out, std::vector<Item>& items, const QuantMeta& meta,
                      const WriteOptions& opt, Report& report);
+  // Holds the FP8 weights of a compressed-tensors float-quantized config group, as they are, beside
+  // its own layers (convert of a mixed checkpoint); else they are written dequantized.
+  bool keeps_fp8_groups = false;
 };
 
 extern const LayoutOps kCompressedTensorsLayout, kModelOptLayout, kMlxLayout, kGgufLayout;
@@ -97,6 +107,12 @@ struct Detected {
   std::vector<std::string> unsupported;  // quantized tensors of layouts we cannot read
   std::vector<std::string> strays;       // named like a part of a quantized layer its layout does not read
   Sources sources;                       // weights of a quantized source format (FP8, gpt-oss MXFP4)
+  // compressed-tensors: the config groups, and each quantized module's (an index in groups.groups).
+  CtGroups groups;
+  std::map<std::string, std::size_t> group_of;
+
+  // compressed-tensors layers beside FP8 weights of a float-quantized group.
+  bool mixed() const { return convention && !layers.empty() && sources.kind == SourceKind::ct_fp8; }
 
   std::string convention_name() const {
     return convention ? name(*convention) : sources.kind ? name(*sources.kind) : "none";

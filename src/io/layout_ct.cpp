@@ -116,10 +116,13 @@ Json write_config(Json& config, const Scheme& common, const Json& kept, const Qu
   Json g = {{"format", format},
             {"input_activations", meta.w4a4 ? quantization_args(nv, common.group, "local", "static_minmax") : nullptr},
             {"output_activations", nullptr},
-            {"targets", Json::array({"Linear"})},
+            {"targets", meta.targets.is_null() ? Json::array({"Linear"}) : meta.targets},
             {"weights", quantization_args(nv, common.group, false, "memoryless_minmax")}};
-  config["quantization_config"] = {{"config_groups", {{"group_0", g}}},
-                                   {"format", format},
+  Json groups = {{meta.group_name, g}};
+  for (const CtGroup* fp8 : meta.kept_groups) groups[fp8->name] = fp8->config;
+  config["quantization_config"] = {{"config_groups", groups},
+                                   // compressed-tensors' name for groups of different formats
+                                   {"format", meta.kept_groups.empty() ? format : "mixed-precision"},
                                    // llm-compressor leaves the ratio unset (null) for quantized-only models.
                                    {"global_compression_ratio", nullptr},
                                    {"ignore", ignore},
@@ -154,6 +157,7 @@ constinit const LayoutOps kCompressedTensorsLayout{
     .write_config = write_config,
     .row_block = nullptr,
     .write_file = nullptr,
+    .keeps_fp8_groups = true,
 };
 
 }  // namespace microscale::io::ck

@@ -10,6 +10,7 @@
 #include <limits>
 #include <sstream>
 
+#include "io/ct_groups.hpp"
 #include "io/tensor_values.hpp"
 #include "io/write_pipeline.hpp"
 #include "microscale/codecs.hpp"
@@ -65,19 +66,6 @@ std::string string_field(const Json* obj, const char* key) {
   return s;
 }
 
-std::int64_t positive_int(const Json& v, const std::string& what) {
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX) ||
-      v.get<std::int64_t>() <= 0)
-    throw Error("config.json: " + what + " must be a positive integer, got " + v.dump());
-  return v.get<std::int64_t>();
-}
-
-// [rows, cols] of a two-element array of positive integers (weight_block_size, block_structure).
-std::array<std::int64_t, 2> block_pair(const Json& v, const std::string& what) {
-  if (!v.is_array() || v.size() != 2) throw Error("config.json: " + what + " must be [rows, cols], got " + v.dump());
-  return {positive_int(v[0], what), positive_int(v[1], what)};
-}
-
 // ModelOpt exports before quantization_config moved into config.json wrote only hf_quant_config.json.
 bool modelopt_hf_config(const Checkpoint& ck) {
   if (ck.shards().empty()) return false;
@@ -121,11 +109,11 @@ std::vector<float> fp8_scales(const StTensor& s) {
 }
 
 struct Fp8Config {
-  std::string method;                                  // quant_method, lower case ("" when absent)
-  std::optional<std::array<std::int64_t, 2>> block;    // fp8: weight_block_size
-  std::string scale_fmt;                               // fp8: "ue8m0" when the scales are E8M0
-  std::vector<std::array<std::int64_t, 2>> ct_blocks;  // compressed-tensors: block / group shapes of its groups
-  bool modelopt_file = false;                          // hf_quant_config.json names a quant_algo
+  std::string method;                                // quant_method, lower case ("" when absent)
+  std::optional<std::array<std::int64_t, 2>> block;  // fp8: weight_block_size
+  std::string scale_fmt;                             // fp8: "ue8m0" when the scales are E8M0
+  CtGroups ct;                                       // compressed-tensors: its config groups
+  bool modelopt_file = false;                        // hf_quant_config.json names a quant_algo
 };
 
 Fp8Config fp8_config(const Checkpoint& ck, const Json& config) {
@@ -135,19 +123,8 @@ Fp8Config fp8_config(const Checkpoint& ck, const Json& config) {
   c.scale_fmt = string_field(qc, "scale_fmt");
   if (qc && c.method == "fp8")
     if (auto b = qc->find("weight_block_size"); b != qc->end() && !b->is_null())
-      c.block = block_pair(*b, "quantization_config.weight_block_size");
-  if (qc && c.method == "compressed-tensors")
-    if (auto g = qc->find("config_groups"); g != qc->end() && g->is_object())
-      for (const auto& [key, group] : g->items()) {
-        if (!group.is_object() || !group.contains("weights") || !group["weights"].is_object()) continue;
-        const Json& w = group["weights"];
-        const std::string what = "config_groups." + key + ".weights";
-        const std::string strategy = string_field(&w, "strategy");
-        if (strategy == "block" && w.contains("block_structure"))
-          c.ct_blocks.push_back(block_pair(w["block_structure"], what + ".block_structure"));
-        if (strategy == "group" && w.contains("group_size"))
-          c.ct_blocks.push_back({1, positive_int(w["group_size"], what + ".group_size")});
-      }
+      c.block = config_block_pair(*b, "quantization_config.weight_block_size");
+  c.ct = ct_groups(config);
   if (c.method.empty()) c.modelopt_file = modelopt_hf_config(ck);
   return c;
 }
@@ -203,13 +180,29 @@ SourceWeight read_fp8(const Checkpoint& ck, const Fp8Config& cfg, const std::str
   if (kind == SourceKind::fp8_block && cfg.block && w.scale == inv) {
     const auto [br, bc] = *cfg.block;
     allow(br, bc, {ceil_div(rows, br), ceil_div(cols, bc)});
-  } else {
+  } else if (kind == SourceKind::fp8_block) {
     if (s.numel() == 1) allow(all_rows, all_cols, s.shape);
-    if (kind != SourceKind::fp8_block) {
+  } else {
+    // compressed-tensors: the strategy of the weight's own config group says which form the scale
+    // has; without one, any form a group of the checkpoint describes.
+    const CtGroup* group = kind == SourceKind::ct_fp8 ? cfg.ct.claim(w.module, n) : nullptr;
+    if (kind == SourceKind::ct_fp8 && !group && cfg.ct.ignored(w.module))
+      throw Error("FP8 weight " + detail::quote(n) +
+                  " is stored quantized, but config.json's "
+                  "quantization_config.ignore lists its module as left in high precision");
+    if (group && group->kind != CtFormat::float_quantized && group->kind != CtFormat::other)
+      throw Error("FP8 weight " + detail::quote(n) + " belongs to config group " + detail::quote(group->name) +
+                  " of config.json, whose format is " + group->format + ", not float-quantized (FP8)");
+    const std::string strategy = group ? group->strategy : "";
+    const bool any = strategy != "tensor" && strategy != "channel" && strategy != "block" && strategy != "group";
+    if ((any || strategy == "tensor") && s.numel() == 1) allow(all_rows, all_cols, s.shape);
+    if (any || strategy == "channel") {
       allow(1, all_cols, {rows, 1});
       allow(1, all_cols, {rows});
-      for (const auto& [br, bc] : cfg.ct_blocks) allow(br, bc, {ceil_div(rows, br), ceil_div(cols, bc)});
     }
+    for (std::size_t g = 0; g < cfg.ct.groups.size(); ++g)
+      if (const auto& b = cfg.ct.groups[g].block; b && (any ? !group : &cfg.ct.groups[g] == group))
+        allow((*b)[0], (*b)[1], {ceil_div(rows, (*b)[0]), ceil_div(cols, (*b)[1])});
   }
   const auto match = std::find_if(allowed.begin(), allowed.end(), [&](const auto& a) { return a.second == s.shape; });
   if (match == allowed.end()) {
