@@ -36,24 +36,45 @@ BlockShape block_shape(Mode mode) {
   throw Error(std::string("ggml blocks: mode ") + name(mode) + " has no ggml block layout (nvfp4 and mxfp4 do)");
 }
 
-// Both nibble orders in one place; `group` is a compile-time constant so the loops unroll.
+// The formulas above on four bytes of each half at once (SWAR): nibbles are split and merged in
+// 32-bit words, then the even and odd output bytes are interleaved by spreading each word's bytes
+// into every other byte of a 64-bit word. Hosts are little-endian (byte i at bits 8i).
+constexpr std::uint32_t kLow = 0x0F0F0F0Fu, kHigh = 0xF0F0F0F0u;
+
+std::uint64_t spread_bytes(std::uint32_t x) {  // byte i to byte 2i
+  std::uint64_t v = x;
+  v = (v | v << 16) & 0x0000FFFF0000FFFFull;
+  return (v | v << 8) & 0x00FF00FF00FF00FFull;
+}
+std::uint32_t gather_bytes(std::uint64_t v) {  // byte 2i to byte i
+  v &= 0x00FF00FF00FF00FFull;
+  v = (v | v >> 8) & 0x0000FFFF0000FFFFull;
+  return static_cast<std::uint32_t>(v | v >> 16);
+}
+
 template <int Group>
 void group_to_ggml(const std::uint8_t* c, std::uint8_t* q) {
   constexpr int h = Group / 4;
-  for (int t = 0; t < h; ++t) {
-    const unsigned a = c[t], b = c[h + t];
-    q[2 * t] = static_cast<std::uint8_t>((a & 0x0F) | ((b & 0x0F) << 4));
-    q[2 * t + 1] = static_cast<std::uint8_t>((a >> 4) | (b & 0xF0));
+  for (int u = 0; u < h; u += 4) {
+    std::uint32_t a, b;
+    std::memcpy(&a, c + u, 4);
+    std::memcpy(&b, c + h + u, 4);
+    const std::uint32_t even = (a & kLow) | (b & kLow) << 4, odd = (a >> 4 & kLow) | (b & kHigh);
+    const std::uint64_t out = spread_bytes(even) | spread_bytes(odd) << 8;
+    std::memcpy(q + 2 * u, &out, 8);
   }
 }
 
 template <int Group>
 void group_from_ggml(const std::uint8_t* q, std::uint8_t* c) {
   constexpr int h = Group / 4;
-  for (int t = 0; t < h; ++t) {
-    const unsigned a = q[2 * t], b = q[2 * t + 1];
-    c[t] = static_cast<std::uint8_t>((a & 0x0F) | ((b & 0x0F) << 4));
-    c[h + t] = static_cast<std::uint8_t>((a >> 4) | (b & 0xF0));
+  for (int u = 0; u < h; u += 4) {
+    std::uint64_t in;
+    std::memcpy(&in, q + 2 * u, 8);
+    const std::uint32_t even = gather_bytes(in), odd = gather_bytes(in >> 8);
+    const std::uint32_t a = (even & kLow) | (odd & kLow) << 4, b = (even >> 4 & kLow) | (odd & kHigh);
+    std::memcpy(c + u, &a, 4);
+    std::memcpy(c + h + u, &b, 4);
   }
 }
 
