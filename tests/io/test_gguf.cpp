@@ -334,6 +334,31 @@ TEST(GgufHostile, TruncatedAtEveryByte) {
   }
 }
 
+TEST(GgufHostile, EveryHeaderByteFlipped) {
+  // Any single corrupted header byte gives a file that opens or a clean Error naming it.
+  TempDir dir;
+  const auto path = dir / "valid.gguf";
+  const std::vector<TensorInfo> ts = {{"a", GgmlType::f32, {3}}, {"b", GgmlType::mxfp4, {32, 2}}};
+  GgufWriter w(path, {kv_array("k", ValueType::string, Json::array({"ab", "c"})), kv_u32("n", 3)}, ts);
+  const auto data = tensor_data(ts);
+  for (std::size_t i = 0; i < ts.size(); ++i) w.write(i, 0, data[i]);
+  w.finish();
+  const Bytes full = read_bytes(path);
+  const std::size_t header_end = full.size() - 32 - 64;  // less the two tensors' padded data
+  const auto bad_path = dir / "flipped.gguf";
+  for (std::size_t at = 0; at < header_end; ++at) {
+    SCOPED_TRACE("byte " + std::to_string(at));
+    Bytes b = full;
+    b[at] ^= std::byte{0xFF};
+    write_bytes(bad_path, b);
+    try {
+      (void)GgufFile::open(bad_path);
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(bad_path.string() + ": ", 0), 0u) << e.what();
+    }
+  }
+}
+
 TEST(GgufHostile, Header) {
   TempDir dir;
   expect_refused(dir, Raw().magic("GGUD").put<std::uint32_t>(3).zeros(16), {"not a GGUF file"});
