@@ -496,7 +496,12 @@ void GgufWriter::finish() {
 }
 
 const std::vector<TensorInfo>& GgufWriter::tensors() const { return impl_->tensors; }
-std::uint64_t GgufWriter::tensor_size(std::size_t index) const { return impl_->sizes.at(index); }
+std::uint64_t GgufWriter::tensor_size(std::size_t index) const {
+  if (index >= impl_->sizes.size())
+    fail(impl_->path.string(), "tensor index " + std::to_string(index) + " is out of range (" +
+                                   std::to_string(impl_->sizes.size()) + " tensors)");
+  return impl_->sizes[index];
+}
 std::uint64_t GgufWriter::file_size() const { return impl_->file_size; }
 
 // ---- GgufFile ----

@@ -96,6 +96,8 @@ TEST(Gguf, RoundTripEveryKvAndTensorType) {
     w.finish();
     EXPECT_EQ(dir.list(), std::vector<std::string>{"m.gguf"});
     EXPECT_EQ(fs::file_size(path), w.file_size());
+    EXPECT_EQ(w.tensor_size(4), 51u);
+    expect_error([&] { (void)w.tensor_size(ts.size()); }, {"m.gguf", "index 7"});
 
     const GgufFile f = GgufFile::open(path);
     EXPECT_EQ(f.version(), 3u);
