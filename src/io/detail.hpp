@@ -102,6 +102,9 @@ class AtomicFile {
 
   void write(std::span<const std::byte> bytes);
   void write(std::string_view s) { write(std::as_bytes(std::span(s.data(), s.size()))); }
+  // pwrite at `offset`, leaving the sequential position alone: for files whose parts arrive in any
+  // order (GGUF's tensor data).
+  void write_at(std::uint64_t offset, std::span<const std::byte> bytes);
   void commit();
   void abort() noexcept;
   const std::filesystem::path& path() const { return path_; }

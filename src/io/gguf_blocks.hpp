@@ -27,12 +27,13 @@ void to_ggml_blocks(Mode mode, std::int64_t rows, std::int64_t k, std::span<cons
 void from_ggml_blocks(Mode mode, std::int64_t rows, std::int64_t k, std::span<const std::byte> blocks,
                       std::span<std::byte> codes, std::span<std::byte> scales);
 
-// How ggml decodes a scale byte differently from microscale (nvfp4 only; mxfp4's E8M0 decodes
-// alike): ggml's UE4M3 ignores the sign bit and reads 0x7F/0xFF (E4M3 NaN) as 0. Counts the scale
-// bytes of `scales` that ggml would decode to another value.
+// How ggml decodes a scale byte differently from microscale. nvfp4: ggml's UE4M3 ignores the sign
+// bit and reads 0x7F (E4M3 NaN) as 0, but tests for 0x7F before dropping the sign, so 0xFF (NaN
+// too) reads as 480. mxfp4: E8M0 decodes alike except 0xFF (NaN), which ggml reads as 2^128.
+// Counts the scale bytes of `scales` that ggml would decode to another value.
 struct ScaleDifferences {
-  std::int64_t negative = 0;  // sign bit set, nonzero: ggml reads |s|
-  std::int64_t nan = 0;       // 0x7F or 0xFF: ggml reads 0
+  std::int64_t negative = 0;  // nvfp4, sign bit set and nonzero (not 0xFF): ggml reads |s|
+  std::int64_t nan = 0;       // NaN codes (nvfp4 0x7F and 0xFF, mxfp4 0xFF): ggml reads a number
   std::int64_t total() const { return negative + nan; }
 };
 ScaleDifferences ggml_scale_differences(Mode mode, std::span<const std::byte> scales);

@@ -64,6 +64,24 @@ void AtomicFile::write(std::span<const std::byte> bytes) {
   }
 }
 
+void AtomicFile::write_at(std::uint64_t offset, std::span<const std::byte> bytes) {
+  if (fd_ < 0) fail(path_.string(), "write after the file was closed");
+  const std::byte* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    ssize_t w = ::pwrite(fd_, p, std::min<std::size_t>(left, std::size_t{1} << 30), static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      std::string msg = sys_error("write failed");
+      abort();
+      fail(tmp_.string(), msg);
+    }
+    p += w;
+    offset += static_cast<std::uint64_t>(w);
+    left -= static_cast<std::size_t>(w);
+  }
+}
+
 void AtomicFile::commit() {
   if (fd_ < 0) fail(path_.string(), "commit after the file was closed");
   if (::fsync(fd_) != 0) {
