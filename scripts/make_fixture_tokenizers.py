@@ -164,7 +164,7 @@ def families(vocab_size):
     llama2_names = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     gemma_ids = dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>")
     gemma_names = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
-    gemma = lambda: sentencepiece_family(vocab_size - 8, gemma_ids, ["<start_of_turn>", "<end_of_turn>"], [],
+    gemma = lambda: sentencepiece_family(vocab_size - 8, gemma_ids, ["<mask>", "<start_of_turn>", "<end_of_turn>"], [],
                                          False, gemma_names, GEMMA_TEMPLATE, "GemmaTokenizer")
     return {
         "llama": lambda: llama(vocab_size),
