@@ -227,7 +227,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
   {
     struct O {
       std::string in, out, format = "nvfp4", to, scale_rule, nonfinite = "propagate", amax_file, errors_csv, part,
-          split_size;
+                           split_size;
       std::string scale_search = "none", hessians;
       double gptq_damp = 0.01;
       int gptq_block_size = 128;

@@ -4,8 +4,8 @@
 #include <map>
 #include <set>
 
-#include "io/gguf_import.hpp"
 #include "io/experts.hpp"
+#include "io/gguf_import.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
 

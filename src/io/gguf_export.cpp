@@ -8,10 +8,10 @@
 #include <map>
 #include <set>
 
+#include "core/convert.hpp"
 #include "io/gguf_arch.hpp"
 #include "io/gguf_file.hpp"
 #include "io/gguf_vocab.hpp"
-#include "core/convert.hpp"
 #include "io/write_pipeline.hpp"
 
 namespace microscale::io::ck {
@@ -49,7 +49,8 @@ void permute_rows(std::span<const std::byte> in, std::span<std::byte> out, std::
   for (std::int64_t h = 0; h < heads; ++h)
     for (std::int64_t i = 0; i < half; ++i)
       for (std::int64_t j = 0; j < 2; ++j) {
-        const auto to = static_cast<std::size_t>(h * d + 2 * i + j), from = static_cast<std::size_t>(h * d + j * half + i);
+        const auto to = static_cast<std::size_t>(h * d + 2 * i + j),
+                   from = static_cast<std::size_t>(h * d + j * half + i);
         std::memcpy(out.data() + to * row, in.data() + from * row, row);
       }
 }
@@ -140,14 +141,16 @@ std::vector<std::int64_t> ggml_dims(const Shape& shape) {
 void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, const QuantMeta& meta,
                 const WriteOptions& opt, Report& report) {
   if (opt.part.count > 1)
-    throw Error("--part splits a run by output shard, and a GGUF export is one file: run it in one process "
-                "(use --split-max-size for llama.cpp's split files)");
+    throw Error(
+        "--part splits a run by output shard, and a GGUF export is one file: run it in one process "
+        "(use --split-max-size for llama.cpp's split files)");
   if (in.config.is_null())
     throw Error(in.dir.string() + " has no config.json: a GGUF needs the architecture's hyperparameters");
   const gguf::ArchPlan arch = gguf::arch_plan(in.config);
   const gguf::Vocab vocab = gguf::read_vocab(in.dir, in.config, arch.vocab_size);
   if (vocab.kvs.empty())
-    throw Error(in.dir.string() + " has no tokenizer (tokenizer.json or tokenizer.model): llama.cpp loads no GGUF "
+    throw Error(in.dir.string() +
+                " has no tokenizer (tokenizer.json or tokenizer.model): llama.cpp loads no GGUF "
                 "without its vocabulary. Copy the model's tokenizer files into the directory");
   for (const std::string& n : vocab.notes) report.notes.push_back(n);
 
@@ -165,11 +168,12 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
     for (const StEntry& e : it.entries) {
       Target t;
       t.from = e;
-      t.from_bytes = static_cast<std::uint64_t>(numel(e.shape)) * static_cast<std::uint64_t>(st_dtype_bits(e.dtype)) / 8;
+      t.from_bytes =
+          static_cast<std::uint64_t>(numel(e.shape)) * static_cast<std::uint64_t>(st_dtype_bits(e.dtype)) / 8;
       const std::optional<gguf::TensorRule> rule = gguf::tensor_rule(arch, e.name);
-      const std::string what = it.layer.empty() ? "tensor " + detail::quote(e.name)
-                                                : "quantized layer " + detail::quote(it.layer) + "'s " +
-                                                      detail::quote(e.name);
+      const std::string what = it.layer.empty()
+                                   ? "tensor " + detail::quote(e.name)
+                                   : "quantized layer " + detail::quote(it.layer) + "'s " + detail::quote(e.name);
       if (!rule)
         throw Error(what + " has no place in llama.cpp's " + arch.arch +
                     " model: its loader would refuse or ignore it. Leave it out of the checkpoint, or export to "

@@ -6,9 +6,9 @@
 
 #include <cstring>
 #include <deque>
-#include <set>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "core/convert.hpp"
 #include "io/experts.hpp"
@@ -74,8 +74,7 @@ Model open_model(const fs::path& path) {
   if (!arch || !arch->value.is_string()) throw Error(path.string() + ": no general.architecture key");
   const std::string a = arch->value.get<std::string>();
   const gguf::Kv* blocks = f.find(a + ".block_count");
-  if (!blocks || !blocks->value.is_number_unsigned())
-    throw Error(path.string() + ": no " + a + ".block_count key");
+  if (!blocks || !blocks->value.is_number_unsigned()) throw Error(path.string() + ": no " + a + ".block_count key");
   const gguf::GgufTensor* embd = f.tensor("token_embd.weight");
   if (!embd || embd->info.ne.size() != 2) throw Error(path.string() + ": no 2-D token_embd.weight tensor");
   m.config = gguf::hf_config(f.kvs(), embd->info.ne[1], f.tensor("output.weight") != nullptr);
@@ -89,8 +88,8 @@ Model open_model(const fs::path& path) {
     if (computed.count(t.info.name) || t.info.name.starts_with("rope_")) continue;  // from the config
     const auto r = reverse.find(t.info.name);
     if (r == reverse.end())
-      throw Error(path.string() + ": GGUF tensor " + detail::quote(t.info.name) + " has no transformers counterpart in " +
-                  m.plan.hf_type + " here");
+      throw Error(path.string() + ": GGUF tensor " + detail::quote(t.info.name) +
+                  " has no transformers counterpart in " + m.plan.hf_type + " here");
     m.named.push_back({&t, r->second.first, r->second.second});
   }
   for (const Named& n : m.named) m.by_hf[n.hf] = &n;
@@ -113,7 +112,8 @@ Model open_model(const fs::path& path) {
     l.shape = {mul(module, experts ? experts : 1, ne[1], "experts x rows"), ne[0]};
     l.sources = {{n.t->info.name, Role::packed}};
     if (const auto s = m.by_hf.find(module + ".scale"); s != m.by_hf.end()) {
-      if (mode != Mode::nvfp4) layer_error(module, "an MXFP4 weight has a .scale tensor, which ggml applies to NVFP4 only");
+      if (mode != Mode::nvfp4)
+        layer_error(module, "an MXFP4 weight has a .scale tensor, which ggml applies to NVFP4 only");
       const std::vector<float> v = f32_values(*s->second);
       if (static_cast<std::int64_t>(v.size()) != (experts ? experts : 1))
         layer_error(module, "its .scale holds " + std::to_string(v.size()) + " values for " +
@@ -234,7 +234,7 @@ Report write_model(const fs::path& in, const Model& m, const fs::path& out, bool
         if (n.t->info.name == s.tensor) in_layers.insert(&n);
   }
   std::vector<StEntry> entries;
-  std::deque<Layer> skeletons;  // meta.layers points into it
+  std::deque<Layer> skeletons;                               // meta.layers points into it
   std::vector<std::pair<const QLayer*, const Named*>> work;  // a layer, or a plain tensor
   QuantMeta meta;
   for (const Named& n : m.named) {
@@ -304,8 +304,9 @@ Report write_model(const fs::path& in, const Model& m, const fs::path& out, bool
   if (!to) config["torch_dtype"] = dtype_name(dtype.value_or(DType::bfloat16));
   if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
   write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
-  report.notes.push_back("config.json rebuilt from the GGUF's keys (the hyperparameters llama.cpp keeps); the "
-                         "vocabulary stays in the GGUF: copy the tokenizer files from the source model");
+  report.notes.push_back(
+      "config.json rebuilt from the GGUF's keys (the hyperparameters llama.cpp keeps); the "
+      "vocabulary stays in the GGUF: copy the tokenizer files from the source model");
   report.bytes_in = fs::file_size(in);
   report.bytes_out = fs::file_size(st.dir() / "model.safetensors");
   report.shards = 1;

@@ -12,8 +12,7 @@ namespace microscale::io::ck {
 // A regular file that starts with GGUF's magic.
 bool is_gguf_file(const std::filesystem::path& path);
 Report convert_gguf(const std::filesystem::path& in, const std::filesystem::path& out, const ConvertOptions& opt);
-Report dequantize_gguf(const std::filesystem::path& in, const std::filesystem::path& out,
-                       const DequantizeOptions& opt);
+Report dequantize_gguf(const std::filesystem::path& in, const std::filesystem::path& out, const DequantizeOptions& opt);
 InspectResult inspect_gguf(const std::filesystem::path& in);
 
 }  // namespace microscale::io::ck

@@ -82,7 +82,7 @@ struct Layer {
   // Stacked experts (mlx-lm's SwitchLinear): the rows are `experts` blocks of one expert's N rows
   // each, quantized per expert along K like any row, and stored as [experts, N, ...]. 0: a plain layer.
   std::int64_t experts = 0;
-  Global global;              // nvfp4 only
+  Global global;  // nvfp4 only
   // Stacked experts that keep a global scale each (GGUF's per-expert ".scale" vector): one per
   // expert, in expert order; empty when `global` serves them all.
   std::vector<Global> expert_globals;

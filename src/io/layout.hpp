@@ -53,8 +53,8 @@ struct LayoutOps {
   std::span<const std::string_view> suffixes;  // of every tensor name it gives a layer: ".weight_packed", ...
   bool global_scale;                           // stores the nvfp4 global scale (three-level); else nvfp4 is two-level
   bool activation_scales;                      // stores static activation scales (W4A4)
-  bool stacked_experts;    // holds a projection's MoE experts as one [experts, N, K] layer (else one per expert)
-  bool per_layer_schemes;  // its config describes layers of different schemes
+  bool stacked_experts;      // holds a projection's MoE experts as one [experts, N, K] layer (else one per expert)
+  bool per_layer_schemes;    // its config describes layers of different schemes
   const char* shard_format;  // the safetensors metadata "format" its files carry, or null to keep the input's
 
   // Whether `tensor` is the first tensor of a layer in this layout (detection); null for a layout

@@ -55,9 +55,10 @@ void emit_gguf(const Layer& l, std::vector<Out>& out) {
     auto blocks = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(l.rows() * row_bytes));
     std::span<const std::byte> codes = l.packed, scales = l.scales;
     std::vector<std::byte> codes_copy, scales_copy;
-    const bool negative = mode == Mode::nvfp4 && std::any_of(scales.begin(), scales.end(), [](std::byte s) {
-                            return (std::to_integer<unsigned>(s) & 0x80) && (std::to_integer<unsigned>(s) & 0x7F) != 0x7F;
-                          });
+    const bool negative =
+        mode == Mode::nvfp4 && std::any_of(scales.begin(), scales.end(), [](std::byte s) {
+          return (std::to_integer<unsigned>(s) & 0x80) && (std::to_integer<unsigned>(s) & 0x7F) != 0x7F;
+        });
     if (negative) {
       codes_copy.assign(codes.begin(), codes.end());
       scales_copy.assign(scales.begin(), scales.end());

@@ -280,6 +280,47 @@ std::span<const std::byte> expert_bytes(const StTensor& t, std::int64_t first, s
 
 // quantize_checkpoint, and with `copy_codes` convert_gptoss_mxfp4: gpt-oss MXFP4 experts then
 // take the path a dequantized gpt-oss's float stacks take, their codes and scales copied.
+// The amax of each expert's rows of `x` [experts * N, K].
+std::vector<float> expert_amaxes(const TensorView& x, std::int64_t experts) {
+  const std::int64_t rows = x.shape[0] / experts, k = x.shape[1];
+  const std::size_t elem = dtype_size(x.dtype);
+  std::vector<float> out;
+  for (std::int64_t e = 0; e < experts; ++e)
+    out.push_back(global_scale(TensorView(
+        static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(e * rows * k) * elem, x.dtype, {rows, k})));
+  return out;
+}
+
+// `x` [experts * N, K] quantized expert by expert, each with its global scale `amax[e]` (searched
+// further under mse when `search_global`), into one Quantized of the whole stack; `globals` gets
+// the amaxes used, in expert order.
+Quantized quantize_per_expert(const TensorView& x, const QuantSpec& spec, const std::vector<float>& amax,
+                              bool search_global, std::vector<Global>& globals) {
+  const auto experts = static_cast<std::int64_t>(amax.size());
+  const std::int64_t rows = x.shape[0] / experts, k = x.shape[1];
+  const std::size_t elem = dtype_size(x.dtype);
+  Quantized all;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const TensorView one(static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(e * rows * k) * elem, x.dtype,
+                         {rows, k});
+    QuantSpec s = spec;
+    s.global_scale = amax[static_cast<std::size_t>(e)];
+    const Quantized q = ops::quantize(one, s, search_global);
+    if (e == 0) {
+      all.spec = q.spec;
+      all.shape = x.shape;
+      all.packed = Tensor(q.packed.dtype(), {x.shape[0], q.packed.shape()[1]});
+      all.scales = Tensor(q.scales.dtype(), {x.shape[0], q.scales.shape()[1]});
+    }
+    std::memcpy(all.packed.bytes() + static_cast<std::size_t>(e) * q.packed.nbytes(), q.packed.bytes(),
+                q.packed.nbytes());
+    std::memcpy(all.scales.bytes() + static_cast<std::size_t>(e) * q.scales.nbytes(), q.scales.bytes(),
+                q.scales.nbytes());
+    globals.push_back(Global::of_amax(*q.spec.global_scale));
+  }
+  return all;
+}
+
 Report quantize_impl(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt, bool copy_codes) {
   if (opt.part.count < 1 || opt.part.index < 0 || opt.part.index >= opt.part.count)
     throw Error("part " + std::to_string(opt.part.index) + " of " + std::to_string(opt.part.count) +
@@ -522,11 +563,13 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
   std::map<std::string, std::size_t> group_of;  // module -> its group
   std::map<std::size_t, float> group_amax;
   std::map<std::string, const std::string*> tensor_of;
+  std::map<std::string, const Sel*> sel_of;
   if (three && opt.share_fused_scales) {
     std::vector<std::string> mods;
     for (const Sel& s : chosen) {
       mods.push_back(s.module);
       tensor_of[s.module] = &s.name;
+      sel_of[s.module] = &s;
     }
     groups = fused_groups(mods);
     for (std::size_t g = 0; g < groups.size(); ++g)
@@ -546,6 +589,21 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
       release(t.data);
     }
     return group_amax[g] = mx;
+  };
+  // Stacked experts of a fused group (gate/up): expert e of every member shares the largest amax
+  // of the members' expert e, as the per-expert layouts share it between gate_e and up_e.
+  std::map<std::size_t, std::vector<float>> group_expert_amax;
+  auto shared_expert_amax = [&](std::size_t g) -> const std::vector<float>& {
+    if (const auto it = group_expert_amax.find(g); it != group_expert_amax.end()) return it->second;
+    std::vector<float> mx;
+    for (const std::string& m : groups[g]) {
+      const ExpertRows& rows = *sel_of[m]->experts;
+      const Tensor x = gather_rows(in.ck, det.sources, rows);
+      const std::vector<float> a = expert_amaxes(x.view(), rows.experts);
+      mx.resize(a.size(), 0.0f);
+      for (std::size_t e = 0; e < a.size(); ++e) mx[e] = std::max(mx[e], a[e]);
+    }
+    return group_expert_amax[g] = std::move(mx);
   };
 
   std::vector<Item> items;
@@ -622,13 +680,23 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
                       "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
                       "in the blocks they hit) or saturate");
         const auto group = group_of.find(sp->module);
+        // Stacked experts where each keeps its own global scale (GGUF's per-expert .scale): each
+        // expert is quantized with its own amax (its fused group's, expert by expert), as the
+        // per-expert layouts quantize it.
+        const bool per_expert = three && sp->experts && sp->experts->experts > 1 && !hessians.count(sp->module);
         const std::optional<float> fused =
-            group != group_of.end() ? std::optional(shared_amax(group->second)) : std::nullopt;
+            group != group_of.end() && !per_expert ? std::optional(shared_amax(group->second)) : std::nullopt;
         QuantSpec spec = base;
         if (three) spec.global_scale = fused ? *fused : global_scale(x);
         Quantized q;
+        std::vector<Global> expert_globals;
         try {
-          if (const auto h = hessians.find(sp->module); h != hessians.end()) {
+          if (per_expert) {
+            const bool shared = group != group_of.end();
+            q = quantize_per_expert(x, spec,
+                                    shared ? shared_expert_amax(group->second) : expert_amaxes(x, sp->experts->experts),
+                                    !shared, expert_globals);
+          } else if (const auto h = hessians.find(sp->module); h != hessians.end()) {
             const std::vector<double> hv = hessian_values(*h->second);
             hessian_file->check_unchanged();
             q = gptq(x, HessianView{hv.data(), h->second->shape}, spec, opt.gptq);
@@ -642,6 +710,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
         Layer l = sp->skel;
         l.point_at(q);
         l.global = three ? Global::of_amax(*q.spec.global_scale) : Global{};
+        l.expert_globals = std::move(expert_globals);
         TensorReport r;
         r.name = sp->module;
         r.action = TensorAction::quantized;
@@ -652,7 +721,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
         write_emitted(w, emit(l, opt.to), r);
         if (opt.measure_error) {
           double sqnr = 0;
-          r.rel_error = rel_error(x, dequantize(q, DType::float32), &sqnr);
+          r.rel_error = rel_error(x, dequantize_layer(l, DType::float32).reshaped(x.shape), &sqnr);
           r.sqnr_db = sqnr;
         }
         release(src.data);

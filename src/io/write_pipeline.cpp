@@ -303,7 +303,8 @@ void write_output(const Input& in, const fs::path& out, std::vector<Item>& items
   const LayoutOps* lay = to ? &layout(*to) : nullptr;
   if (lay && lay->write_file) return lay->write_file(in, out, items, meta, opt, report);
   if (opt.split_bytes)
-    throw Error("a size limit per file splits single-file outputs (GGUF) only; " + std::string(lay ? lay->title : "a dequantized checkpoint") + " keeps the input's shards");
+    throw Error("a size limit per file splits single-file outputs (GGUF) only; " +
+                std::string(lay ? lay->title : "a dequantized checkpoint") + " keeps the input's shards");
   const char* shard_format = lay ? lay->shard_format : nullptr;
   const bool force = opt.force;
   const ProgressFn& progress = opt.progress;

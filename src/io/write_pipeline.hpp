@@ -52,9 +52,9 @@ std::vector<StEntry> entries_of(const std::vector<Out>& outs);
 struct WriteOptions {
   bool force = false;
   ProgressFn progress;
-  std::optional<DType> dtype;  // dequantize: what config.json's torch_dtype says the weights now are
-  Part part;                   // a split run's part (count 1: the whole output)
-  std::string options;         // the text of the options that shape the bytes, which every part must share
+  std::optional<DType> dtype;     // dequantize: what config.json's torch_dtype says the weights now are
+  Part part;                      // a split run's part (count 1: the whole output)
+  std::string options;            // the text of the options that shape the bytes, which every part must share
   std::uint64_t split_bytes = 0;  // single-file layouts: the largest file (0: one file)
 };
 
