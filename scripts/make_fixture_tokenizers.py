@@ -6,7 +6,8 @@ each of the kind its model family ships, with at most the fixture's vocab_size (
   TemplateProcessing post-processor that adds <|begin_of_text|>), merges in the [a, b] form.
 - qwen2, qwen3, qwen3_moe: a Qwen2 style byte-level BPE tokenizer.json (its Split regex, ChatML
   special tokens added after the vocabulary); qwen2's merges in the older "a b" form.
-- mistral, phi3, gemma2, gemma3: a SentencePiece BPE tokenizer.model trained with the
+- gpt_oss: a BPE tokenizer.json with the o200k pre-tokenizer regex;
+- mistral, mixtral, phi3, gemma2, gemma3: a SentencePiece BPE tokenizer.model trained with the
   `sentencepiece` package, plus the tokenizer.json transformers would read (built here from the
   model's pieces, so transformers needs no protobuf); Phi-3's chat tokens are added tokens after
   the SentencePiece vocabulary, Gemma's are user-defined pieces inside it.
@@ -38,6 +39,10 @@ TEXT = [
 
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k (GPT-4o, gpt-oss)
+O200K_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -111,6 +116,15 @@ def qwen(vocab_size, string_merges):
     return {"tokenizer.json": tj, "tokenizer_config.json": config, "chat_template.jinja": CHATML_TEMPLATE}
 
 
+def gpt_oss(vocab_size):
+    specials = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|message|>", "<|end|>"]
+    tj = byte_level_bpe(O200K_REGEX, vocab_size - 4, [], specials, processors.ByteLevel(trim_offsets=False))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|startoftext|>",
+              "eos_token": "<|return|>", "pad_token": "<|endoftext|>", "model_max_length": 131072,
+              "added_tokens_decoder": added_tokens_decoder(tj)}
+    return {"tokenizer.json": tj, "tokenizer_config.json": config}
+
+
 def train_sentencepiece(vocab_size, ids, user_defined, add_dummy_prefix):
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -173,6 +187,9 @@ def families(vocab_size):
         "qwen3_moe": lambda: qwen(vocab_size, False),
         "mistral": lambda: sentencepiece_family(vocab_size - 8, llama2_ids, [], [], True, llama2_names,
                                                 MISTRAL_TEMPLATE, "LlamaTokenizer"),
+        "mixtral": lambda: sentencepiece_family(vocab_size - 8, llama2_ids, [], [], True, llama2_names,
+                                                MISTRAL_TEMPLATE, "LlamaTokenizer"),
+        "gpt_oss": lambda: gpt_oss(vocab_size),
         "phi3": lambda: sentencepiece_family(
             vocab_size - 16, llama2_ids, [],
             [("<|endoftext|>", True), ("<|assistant|>", True), ("<|user|>", True), ("<|end|>", True),

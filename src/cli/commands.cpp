@@ -41,13 +41,16 @@ void print_summary(const char* verb, const io::Report& r, const fs::path& out, d
 
 // Every weight left in high precision (or, converting, written as floats), by reason.
 void print_kept(const io::Report& r) {
-  std::map<std::string, std::vector<std::string>> kept;
+  // Weights left in high precision, and (convert) layers the target's blocks cannot hold.
+  std::map<std::pair<io::TensorAction, std::string>, std::vector<std::string>> kept;
   for (const io::TensorReport& t : r.tensors)
-    if (t.action == io::TensorAction::kept) kept[t.reason].push_back(t.name);
+    if (t.action == io::TensorAction::kept || (t.action == io::TensorAction::dequantized && !t.reason.empty()))
+      kept[{t.action, t.reason}].push_back(t.name);
   for (const auto& [why, names] : kept) {
     std::string list;
     for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-    std::printf("kept %zu weight%s (%s): %s\n", names.size(), names.size() == 1 ? "" : "s", why.c_str(), list.c_str());
+    std::printf("%s %zu weight%s (%s): %s\n", io::name(why.first), names.size(), names.size() == 1 ? "" : "s",
+                why.second.c_str(), list.c_str());
   }
 }
 

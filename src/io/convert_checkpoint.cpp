@@ -401,6 +401,17 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
     }
   }
 
+  // Layers whose rows are not whole blocks of the layout (GGUF's nvfp4 needs K a multiple of 64):
+  // their values are written as float32, reported, as llama.cpp's converter writes such weights in a
+  // float type.
+  std::vector<Layer> unfit;
+  if (lay.row_block) {
+    std::vector<Layer> fit;
+    for (Layer& l : det.layers)
+      (l.experts == 0 && l.cols() % lay.row_block(l.format.mode) != 0 ? unfit : fit).push_back(std::move(l));
+    det.layers = std::move(fit);
+  }
+
   // MLX and GGUF: per-expert layers stacked; the others: stacked layers split per expert. Planned before
   // any file is written, like every other layer.
   std::vector<StackedLayer> stacks;
@@ -478,6 +489,20 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
       } else {
         write_emitted(w, emit(*lp, opt.to), r);
       }
+      release_sources(in.ck, *lp);
+      report.tensors.push_back(std::move(r));
+    };
+    items.push_back(std::move(it));
+  }
+  for (const Layer& l : unfit) {
+    Item it = layer_item(in, l);
+    it.entries = {{l.module + ".weight", StDType::f32, l.shape}};
+    it.run = [&, lp = &l, bytes = it.in_bytes](TensorSink& w) {
+      TensorReport r = layer_report(*lp, TensorAction::dequantized, bytes);
+      r.reason = "K = " + std::to_string(lp->cols()) + " is not a multiple of " + lay.title + "'s " +
+                 name(lp->format.mode) + " block of " + std::to_string(lay.row_block(lp->format.mode)) +
+                 " values: its values written as float32";
+      w.write_tensor(lp->module + ".weight", dequantize_layer(*lp, DType::float32));
       release_sources(in.ck, *lp);
       report.tensors.push_back(std::move(r));
     };

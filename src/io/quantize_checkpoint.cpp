@@ -417,12 +417,14 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
           for (std::int64_t e = 0; e < r.experts; ++e) {
             ExpertRows one = gptoss_expert(r, e);
             Layer l = Layer::of(one.module, base, {one.rows, one.cols});
+            if (three && !codes) l.global = Global::of_amax(1.0f);
             l.float_dtype = dtype;
             chosen.push_back({n, one.module, std::move(l), std::move(one)});
           }
           continue;
         }
         Layer l = Layer::of(r.module, base, {mul(n, r.experts, r.rows, "experts x rows"), r.cols});
+        if (three && !codes) l.global = Global::of_amax(1.0f);
         l.experts = r.experts;
         l.float_dtype = dtype;
         chosen.push_back({n, r.module, std::move(l), std::move(r)});

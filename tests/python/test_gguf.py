@@ -318,3 +318,106 @@ def test_rows_that_are_not_whole_ggml_blocks_are_kept(tmp_path):
     _, tensors = tensors_of(str(tmp_path / "m.gguf"))
     assert tensors["blk.0.ffn_down.weight"].tensor_type == gguf.GGMLQuantizationType.BF16
     assert tensors["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.NVFP4
+
+
+def test_gptoss_mxfp4_experts_move_into_gguf_unchanged(tmp_path):
+    """gpt-oss's published MXFP4 experts: convert --to gguf copies their codes and E8M0 scales into
+    ggml's blocks (gate and up split from gate_up_proj's rows), nothing re-quantized."""
+    from test_gptoss_convert import make_source, split_rows
+
+    src = tmp_path / "src"
+    t = make_source(src, seed=5, canonical=False)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(FIXTURES, "gpt_oss", f), src)
+    out = tmp_path / "g.gguf"
+    ok("convert", src, "--to", "gguf", "-o", out)
+    _, tensors = tensors_of(str(out))
+    parts = split_rows(t)
+    assert parts
+    for module, (blocks, scales) in parts.items():
+        name, _ = gguf_name("gpt_oss", module + ".weight")
+        g = tensors[name]
+        assert g.tensor_type == gguf.GGMLQuantizationType.MXFP4, name
+        data = np.asarray(g.data)
+        for e in range(blocks.shape[0]):
+            codes, sc = unpack_ggml(data[e], "mxfp4")
+            assert np.array_equal(codes, blocks[e].reshape(blocks.shape[1], -1)), (name, e)
+            assert np.array_equal(sc, scales[e]), (name, e)
+
+
+def test_mixed_fp8_and_nvfp4_groups_go_to_gguf(tmp_path, monkeypatch):
+    """A compressed-tensors checkpoint with FP8 groups and an NVFP4 group: the NVFP4 layers keep
+    their bytes, the FP8 weights are written as BF16 (GGUF has no FP8 type; llama.cpp's converter
+    also dequantizes them), each reported."""
+    import test_mixed_groups as tm
+
+    h, kv, inter = 128, 64, 256  # whole ggml blocks
+    monkeypatch.setattr(tm, "H", h)
+    monkeypatch.setattr(tm, "SHAPES", {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h),
+                                       "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, h),
+                                       "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+                                       "mlp.down_proj": (h, inter)})
+    src = tmp_path / "mixed"
+    tm.make_fp8_nvfp4(src, "nvfp4")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update({"num_hidden_layers": 2, "hidden_size": h, "intermediate_size": inter, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "vocab_size": tm.VOCAB, "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 128})
+    (src / "config.json").write_text(json.dumps(cfg))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(FIXTURES, "llama", f), src)
+    out = tmp_path / "m.gguf"
+    r = run("convert", src, "--to", "gguf", "-o", out)
+    if tm.VOCAB < 128:  # the fixture's tokenizer is larger than this model's vocabulary: refused, named
+        assert r.returncode != 0 and "tokenizer" in r.stderr
+        cfg["vocab_size"] = 128
+        t = load_all(str(src))
+        emb = np.zeros((128, h), t["model.embed_tokens.weight"].dtype)
+        emb[: tm.VOCAB] = t["model.embed_tokens.weight"]
+        head = np.zeros((128, h), t["lm_head.weight"].dtype)
+        head[: tm.VOCAB] = t["lm_head.weight"]
+        t["model.embed_tokens.weight"], t["lm_head.weight"] = emb, head
+        tm.write_dir(src, t, {k: v for k, v in cfg.items()})
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(FIXTURES, "llama", f), src)
+        r = run("convert", src, "--to", "gguf", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "FP8" in r.stdout
+    _, tensors = tensors_of(str(out))
+    src_t = load_all(str(src))
+    layers = [n[: -len(".weight_packed")] for n in src_t if n.endswith(".weight_packed")]
+    assert layers
+    for m in layers:
+        name = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2).get_name(m + ".weight", try_suffixes=(".weight",))
+        codes, scales = unpack_ggml(np.asarray(tensors[name].data), "nvfp4")
+        assert np.array_equal(codes, src_t[m + ".weight_packed"].view(np.uint8)), m
+        assert np.array_equal(scales, src_t[m + ".weight_scale"].view(np.uint8)), m
+    fp8 = [n for n, w in src_t.items() if w.dtype == ml_dtypes.float8_e4m3fn and n.endswith(".weight")]
+    assert fp8
+    for n in fp8:
+        name = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2).get_name(n, try_suffixes=(".weight",))
+        assert tensors[name].tensor_type == gguf.GGMLQuantizationType.BF16, n
+
+
+def test_convert_writes_layers_without_whole_blocks_as_floats(tmp_path):
+    """A compressed-tensors layer with K = 96 has no ggml NVFP4 form (64-value blocks): convert
+    writes its values as F32, reported by name, and keeps every other layer's bytes."""
+    src = tmp_path / "m"
+    write_model(src, make_tensors(layers=1, hidden=64, inter=96, kv=64, vocab=128), shards=1,
+                config_extra={"num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 128,
+                              "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "num_hidden_layers": 1,
+                              "hidden_size": 64, "intermediate_size": 96})
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(FIXTURES, "llama", f), src)
+    ct = tmp_path / "ct"
+    ok("quantize", src, "-o", ct, "--export", "compressed-tensors")
+    r = ok("convert", ct, "--to", "gguf", "-o", tmp_path / "m.gguf")
+    assert "dequantized 1 weight" in r.stdout and "model.layers.0.mlp.down_proj" in r.stdout and "64" in r.stdout
+    _, tensors = tensors_of(str(tmp_path / "m.gguf"))
+    down = tensors["blk.0.ffn_down.weight"]
+    assert down.tensor_type == gguf.GGMLQuantizationType.F32
+    deq = tmp_path / "deq"
+    ok("dequantize", ct, "-o", deq, "--dtype", "float32")
+    want = load_all(str(deq))["model.layers.0.mlp.down_proj.weight"]
+    assert np.array_equal(np.asarray(down.data).reshape(want.shape), want)
+    assert tensors["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.NVFP4
