@@ -5,6 +5,8 @@
 // tensor.
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -12,6 +14,7 @@
 #include "io/gguf_arch.hpp"
 #include "io/gguf_file.hpp"
 #include "io/gguf_vocab.hpp"
+#include "io/staging.hpp"
 #include "io/write_pipeline.hpp"
 
 namespace microscale::io::ck {
@@ -69,10 +72,13 @@ std::vector<std::byte> cast_values(std::span<const std::byte> bytes, StDType dt,
   return y;
 }
 
+// Where a finished GGUF tensor goes: its place in the file, or a split run's part file.
+using PutFn = std::function<void(const Target&, std::span<const std::byte>)>;
+
 class GgufSink final : public TensorSink {
  public:
-  GgufSink(std::vector<gguf::GgufWriter>& files, std::map<std::string, Target, std::less<>>& targets, Report& report)
-      : files_(files), targets_(targets), report_(report) {}
+  GgufSink(PutFn put, std::map<std::string, Target, std::less<>>& targets, Report& report)
+      : put_(std::move(put)), targets_(targets), report_(report) {}
 
   void write(std::string_view name, std::span<const std::byte> bytes) override {
     const auto it = targets_.find(name);
@@ -109,7 +115,7 @@ class GgufSink final : public TensorSink {
       buf = std::move(permuted);
       bytes = buf;
     }
-    files_[t.file].write(t.index, 0, bytes);
+    put_(t, bytes);
   }
 
   // ggml reads an nvfp4 scale byte 0x7F (E4M3 NaN) as 0: the bytes are kept, the decoded values
@@ -124,7 +130,7 @@ class GgufSink final : public TensorSink {
                               "those blocks read as zeros in llama.cpp");
   }
 
-  std::vector<gguf::GgufWriter>& files_;
+  PutFn put_;
   std::map<std::string, Target, std::less<>>& targets_;
   Report& report_;
   std::string pending_name_;
@@ -140,10 +146,6 @@ std::vector<std::int64_t> ggml_dims(const Shape& shape) {
 
 void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, const QuantMeta& meta,
                 const WriteOptions& opt, Report& report) {
-  if (opt.part.count > 1)
-    throw Error(
-        "--part splits a run by output shard, and a GGUF export is one file: run it in one process "
-        "(use --split-max-size for llama.cpp's split files)");
   if (in.config.is_null())
     throw Error(in.dir.string() + " has no config.json: a GGUF needs the architecture's hyperparameters");
   const gguf::ArchPlan arch = gguf::arch_plan(in.config);
@@ -246,6 +248,11 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
                        Json(std::vector<bool>(nvfp4_weights.size(), false))));
   }
 
+  // Items this process runs: all, or every count-th of a split run (--part).
+  const auto mine = [&](std::size_t i) {
+    return opt.part.count <= 1 || static_cast<int>(i % static_cast<std::size_t>(opt.part.count)) == opt.part.index;
+  };
+
   // Files: one, or llama.cpp's splits of at most split_bytes each (a larger tensor alone).
   std::vector<std::vector<const Target*>> split(1);
   std::uint64_t used = 0;
@@ -274,52 +281,133 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
     if (fs::is_directory(p, ec)) throw Error("output " + p.string() + " is a directory; a GGUF export writes a file");
     if (fs::exists(p, ec) && !opt.force) throw Error("output " + p.string() + " exists; pass --force to replace it");
   }
-  std::vector<gguf::GgufWriter> files;
-  for (int i = 0; i < count; ++i) {
-    std::vector<gguf::TensorInfo> infos;
-    for (const Target* t : split[static_cast<std::size_t>(i)]) infos.push_back({t->rule.name, t->type, t->ne});
-    std::vector<gguf::Kv> file_kvs = i == 0 ? kvs : std::vector<gguf::Kv>{};
-    if (count > 1) {  // llama.cpp's split keys
-      file_kvs.push_back({"split.no", gguf::ValueType::u16, Json(i)});
-      file_kvs.push_back({"split.count", gguf::ValueType::u16, Json(count)});
-      file_kvs.push_back(gguf::kv_i32("split.tensors.count", static_cast<std::int32_t>(placed.size())));
+  auto open_files = [&] {
+    std::vector<gguf::GgufWriter> files;
+    for (int i = 0; i < count; ++i) {
+      std::vector<gguf::TensorInfo> infos;
+      for (const Target* t : split[static_cast<std::size_t>(i)]) infos.push_back({t->rule.name, t->type, t->ne});
+      std::vector<gguf::Kv> file_kvs = i == 0 ? kvs : std::vector<gguf::Kv>{};
+      if (count > 1) {  // llama.cpp's split keys
+        file_kvs.push_back({"split.no", gguf::ValueType::u16, Json(i)});
+        file_kvs.push_back({"split.count", gguf::ValueType::u16, Json(count)});
+        file_kvs.push_back(gguf::kv_i32("split.tensors.count", static_cast<std::int32_t>(placed.size())));
+      }
+      files.emplace_back(paths[static_cast<std::size_t>(i)], std::move(file_kvs), std::move(infos));
     }
-    files.emplace_back(paths[static_cast<std::size_t>(i)], std::move(file_kvs), std::move(infos));
+    return files;
+  };
+  // Published together: a failure before the last rename removes the files already renamed.
+  auto publish = [&](std::vector<gguf::GgufWriter>& files) {
+    for (const auto& [t, x] : extras)
+      files[t.file].write(t.index, 0, {reinterpret_cast<const std::byte*>(x->values.data()), x->values.size() * 4});
+    std::size_t published = 0;
+    try {
+      for (gguf::GgufWriter& f : files) {
+        f.finish();
+        report.bytes_out += f.file_size();
+        ++published;
+      }
+    } catch (...) {
+      std::error_code ec;
+      for (std::size_t i = 0; i < published; ++i) fs::remove(paths[i], ec);
+      throw;
+    }
+    report.shards = files.size();
+    report.notes.push_back("GGUF for llama.cpp's " + arch.arch + " (" + std::to_string(placed.size()) + " tensors" +
+                           (count > 1 ? ", " + std::to_string(count) + " split files" : "") + "), vocabulary from " +
+                           vocab.source);
+  };
+  Progress pr;
+  for (std::size_t i = 0; i < items.size(); ++i)
+    if (mine(i)) {
+      ++pr.total;
+      pr.bytes_total += items[i].in_bytes;
+    }
+  auto run_items = [&](TensorSink& sink) {
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (!mine(i)) continue;
+      for (next = i + 1; next < items.size() && !mine(next);) ++next;
+      if (next < items.size())
+        for (const auto& b : items[next].inputs) prefetch(b);
+      run_item(in, items[i], sink);
+      ++pr.done;
+      pr.bytes_done += items[i].in_bytes;
+      pr.current = items[i].label;
+      if (opt.progress) opt.progress(pr);
+    }
+    report.bytes_in = pr.bytes_total;
+  };
+
+  if (opt.part.count <= 1) {
+    std::vector<gguf::GgufWriter> files = open_files();
+    GgufSink sink([&](const Target& t, std::span<const std::byte> b) { files[t.file].write(t.index, 0, b); }, targets,
+                  report);
+    run_items(sink);
+    publish(files);
+    return;
   }
 
-  Progress pr;
-  pr.total = items.size();
-  for (const Item& it : items) pr.bytes_total += it.in_bytes;
-  GgufSink sink(files, targets, report);
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (i + 1 < items.size())
-      for (const auto& b : items[i + 1].inputs) prefetch(b);
-    run_item(in, items[i], sink);
-    ++pr.done;
-    pr.bytes_done += items[i].in_bytes;
-    pr.current = items[i].label;
-    if (opt.progress) opt.progress(pr);
+  // A split run (--part): every part plans the whole file, writes the tensors of its own items
+  // (every count-th item) into a part file of the shared staging directory, and the part that
+  // finds every part done copies them into the GGUF at their planned places.
+  std::string fingerprint;
+  for (const Target* t : placed) {
+    fingerprint.append(t->rule.name).append(":").append(gguf::name(t->type));
+    for (const std::int64_t d : t->ne) fingerprint.append(",").append(std::to_string(d));
+    fingerprint.append(";");
   }
-  for (const auto& [t, x] : extras)
-    files[t.file].write(t.index, 0, {reinterpret_cast<const std::byte*>(x->values.data()), x->values.size() * 4});
-  // Published together: a failure before the last rename removes the files already renamed.
-  std::size_t published = 0;
-  try {
-    for (gguf::GgufWriter& f : files) {
-      f.finish();
-      report.bytes_out += f.file_size();
-      ++published;
+  for (const fs::path& rel : in.shard_rel)
+    fingerprint.append(rel.generic_string())
+        .append("=")
+        .append(std::to_string(fs::file_size(in.dir / rel)))
+        .append(";");
+  Json plan = Json::object();
+  plan["parts"] = opt.part.count;
+  plan["options"] = opt.options;
+  plan["output"] = std::to_string(std::hash<std::string>{}(fingerprint));
+  // The split run's staging is keyed by a name next to the file (`<out>.parts`), which must not
+  // exist: the GGUF itself is published by its writer's rename.
+  PartStaging parts(in.inputs, out.parent_path() / (out.filename().string() + ".parts"), false, opt.part, plan);
+  auto part_file = [&](const fs::path& dir, std::size_t p) { return dir / ("part-" + std::to_string(p) + ".bin"); };
+  {
+    detail::AtomicFile frag(part_file(parts.dir(), static_cast<std::size_t>(opt.part.index)));
+    GgufSink sink([&](const Target&, std::span<const std::byte> b) { frag.write(b); }, targets, report);
+    run_items(sink);
+    frag.commit();
+  }
+  const std::unique_ptr<Staging> st = parts.done();
+  const std::string which = "part " + std::to_string(opt.part.index) + " of " + std::to_string(opt.part.count);
+  report.published = st != nullptr;
+  if (!st) {
+    report.notes.push_back(which + " written into " + parts.dir().string() +
+                           "; the part that finishes last assembles and publishes the GGUF");
+    return;
+  }
+  std::vector<gguf::GgufWriter> files = open_files();
+  std::vector<std::ifstream> frags;
+  for (std::size_t p = 0; p < static_cast<std::size_t>(opt.part.count); ++p) {
+    frags.emplace_back(part_file(st->dir(), p), std::ios::binary);
+    if (!frags.back()) throw Error("cannot read " + part_file(st->dir(), p).string() + " of the split run");
+  }
+  std::vector<std::byte> buf;
+  for (std::size_t i = 0; i < items.size(); ++i)
+    for (const StEntry& e : items[i].entries) {
+      const Target& t = targets.find(e.name)->second;
+      if (t.rule.skip) continue;
+      std::ifstream& f = frags[i % static_cast<std::size_t>(opt.part.count)];
+      const std::uint64_t size = gguf::tensor_bytes(t.type, t.ne, t.rule.name);
+      for (std::uint64_t done = 0; done < size;) {
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(size - done, 64u << 20));
+        buf.resize(n);
+        if (!f.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(n)))
+          throw Error("the split run's part files are shorter than planned (" + t.rule.name + ")");
+        files[t.file].write(t.index, done, buf);
+        done += n;
+      }
     }
-  } catch (...) {
-    std::error_code ec;
-    for (std::size_t i = 0; i < published; ++i) fs::remove(paths[i], ec);
-    throw;
-  }
-  report.shards = files.size();
-  report.bytes_in = pr.bytes_total;
-  report.notes.push_back("GGUF for llama.cpp's " + arch.arch + " (" + std::to_string(placed.size()) + " tensors" +
-                         (count > 1 ? ", " + std::to_string(count) + " split files" : "") + "), vocabulary from " +
-                         vocab.source);
+  publish(files);
+  report.notes.push_back(which + " finished last: every part is done, assembled and published the GGUF");
 }
 
 }  // namespace microscale::io::ck

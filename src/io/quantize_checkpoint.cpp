@@ -111,6 +111,8 @@ std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool
   j["scale_rule"] = name(base.scale_rule);
   j["nonfinite"] = name(base.nonfinite);
   j["elem"] = name(base.elem);
+  j["scale_search"] = name(base.scale_search);
+  j["scale_2d"] = base.scale_2d;
   j["export"] = name(opt.to);
   j["exclude"] = opt.exclude;
   j["include"] = opt.include;
