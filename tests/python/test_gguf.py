@@ -154,7 +154,10 @@ def test_blocks_hold_the_compressed_tensors_bytes_and_decode_alike(exports, arch
     """Each quantized layer of the compressed-tensors export is in the GGUF with the same code and
     scale bytes (ggml's order undone here), gguf-py's dequantize gives the same values, and the
     nvfp4 .scale is the decode factor 1/weight_global_scale."""
-    g, ct = exports[arch, fmt]
+    assert_same_layers(*exports[arch, fmt], arch, fmt)
+
+
+def assert_same_layers(g, ct, arch, fmt):
     _, tensors = tensors_of(g)
     ctt = load_all(ct)
     layers = [n[: -len(".weight_packed")] for n in ctt if n.endswith(".weight_packed")]
@@ -443,3 +446,55 @@ def test_split_run_parts_give_the_same_file(tmp_path, split):
     for f in os.listdir(one):
         with open(one / f, "rb") as a, open(two / f, "rb") as b:
             assert a.read() == b.read(), f
+
+
+def test_gptq_bytes_are_the_compressed_tensors_ones(tmp_path):
+    """--hessians (GPTQ) with the GGUF export: the same codes and scales as with compressed-tensors."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    hs = {}
+    for m, k in (("model.layers.0.self_attn.q_proj", 64), ("model.layers.1.mlp.down_proj", 128)):
+        x = rng.standard_normal((256, k)).astype(np.float32)
+        hs[m] = (x.T @ x).astype(np.float32)
+    h = tmp_path / "h.safetensors"
+    save_file(hs, str(h))
+    fx = os.path.join(FIXTURES, "llama")
+    g, ct = tmp_path / "g.gguf", tmp_path / "ct"
+    r = ok("quantize", fx, "-o", g, "--export", "gguf", "--hessians", h)
+    assert "GPTQ for 2" in r.stdout
+    ok("quantize", fx, "-o", ct, "--export", "compressed-tensors", "--hessians", h)
+    assert_same_layers(str(g), str(ct), "llama", "nvfp4")
+
+
+def test_scale_bytes_ggml_reads_otherwise(exports, tmp_path):
+    """A block scale with its sign bit set is written with its magnitude and the block's codes
+    negated (the same values in ggml); an E4M3 NaN scale (0x7F) keeps its byte, which ggml reads
+    as 0, and the report names the tensor."""
+    from test_quantized_sources import write_dir
+
+    _, ct = exports["qwen3", "nvfp4"]
+    t = load_all(ct)
+    m = "model.layers.0.mlp.down_proj"
+    scales = t[m + ".weight_scale"].view(np.uint8).copy()
+    codes = t[m + ".weight_packed"].view(np.uint8)
+    scales[0, 0] |= 0x80  # negative
+    scales[1, 2] = 0x7F  # NaN
+    t[m + ".weight_scale"] = scales.view(ml_dtypes.float8_e4m3fn)
+    src = tmp_path / "src"
+    with open(os.path.join(ct, "config.json")) as f:
+        write_dir(src, t, json.load(f))
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(os.path.join(FIXTURES, "qwen3", f), src)
+    r = ok("convert", src, "--to", "gguf", "-o", tmp_path / "m.gguf")
+    assert "blk.0.ffn_down.weight" in r.stdout and "NaN" in r.stdout
+    _, tensors = tensors_of(str(tmp_path / "m.gguf"))
+    g = tensors["blk.0.ffn_down.weight"]
+    got_codes, got_scales = unpack_ggml(np.asarray(g.data), "nvfp4")
+    assert got_scales[0, 0] == scales[0, 0] & 0x7F and got_scales[1, 2] == 0x7F
+    assert np.array_equal(got_codes[0, :8], codes[0, :8] ^ 0x88)
+    assert np.array_equal(got_codes[0, 8:], codes[0, 8:]) and np.array_equal(got_codes[1:], codes[1:])
+    got = gguf.quants.dequantize(np.asarray(g.data), g.tensor_type)
+    want = decode(codes, scales, "nvfp4")
+    assert np.array_equal(got[0, :16], want[0, :16])  # the negative scale: same values
+    assert np.all(got[1, 32:48] == 0) and np.all(np.isnan(want[1, 32:48]))  # NaN in microscale, 0 in ggml
