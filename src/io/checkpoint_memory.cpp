@@ -85,9 +85,9 @@ CheckpointData load_checkpoint(const fs::path& path) {
 void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention to, bool force) {
   const LayoutOps& lay = layout(to);
   if (lay.write_file)
-    throw Error(std::string("save_checkpoint writes the safetensors layouts (") +
-                layouts_with(nullptr, false) + " less " + lay.name + "); for " + lay.title +
-                ", save compressed-tensors and run `microscale convert DIR --to " + lay.name + " -o FILE`");
+    throw Error(std::string("save_checkpoint writes a directory of safetensors, and ") + lay.title +
+                " is a file of its own: save compressed-tensors, then run `microscale convert DIR --to " + lay.name +
+                " -o FILE`");
   std::vector<Layer> layers;
   for (const QuantizedLayer& ql : data.layers) layers.push_back(checked_layer(ql.module, ql.weight, ql.input_amax));
   if (layers.empty()) throw Error("save_checkpoint: no quantized layers given");
