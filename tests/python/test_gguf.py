@@ -75,10 +75,10 @@ def unpermute(rows, heads):
     return out
 
 
-def gguf_name(arch, hf):
+def gguf_name(arch, hf, cfg=None):
     """The GGUF tensor of a Hugging Face weight, by gguf-py's own mapping; experts of
     "<p>.experts.<e>.<proj>" map to the stacked "<p>.experts.<proj>" (the converter's merge)."""
-    cfg = fixture_config(arch)
+    cfg = cfg or fixture_config(arch)
     m = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, ARCH[arch]), cfg["num_hidden_layers"])
     expert = re.match(r"(.*)\.experts\.(\d+)\.(\w+)\.weight$", hf)
     if expert:
@@ -86,10 +86,10 @@ def gguf_name(arch, hf):
     return m.get_name(hf, try_suffixes=(".weight",)), None
 
 
-def heads_of(arch, name):
+def heads_of(arch, name, cfg=None):
     if ARCH[arch] != "LLAMA":
         return 0
-    cfg = fixture_config(arch)
+    cfg = cfg or fixture_config(arch)
     if ".attn_q." in name:
         return cfg["num_attention_heads"]
     if ".attn_k." in name:
@@ -157,20 +157,20 @@ def test_blocks_hold_the_compressed_tensors_bytes_and_decode_alike(exports, arch
     assert_same_layers(*exports[arch, fmt], arch, fmt)
 
 
-def assert_same_layers(g, ct, arch, fmt):
+def assert_same_layers(g, ct, arch, fmt, cfg=None):
     _, tensors = tensors_of(g)
     ctt = load_all(ct)
     layers = [n[: -len(".weight_packed")] for n in ctt if n.endswith(".weight_packed")]
     assert layers
     for m in layers:
-        name, expert = gguf_name(arch, m + ".weight")
+        name, expert = gguf_name(arch, m + ".weight", cfg)
         assert name in tensors, (m, name)
         t = tensors[name]
         data = np.asarray(t.data)
         if expert is not None:
             data = data[expert]
         codes, scales = unpack_ggml(data, fmt)
-        heads = heads_of(arch, name)
+        heads = heads_of(arch, name, cfg)
         if heads:
             codes, scales = unpermute(codes, heads), unpermute(scales, heads)
         want_codes = ctt[m + ".weight_packed"].view(np.uint8)
@@ -498,3 +498,38 @@ def test_scale_bytes_ggml_reads_otherwise(exports, tmp_path):
     want = decode(codes, scales, "nvfp4")
     assert np.array_equal(got[0, :16], want[0, :16])  # the negative scale: same values
     assert np.all(got[1, 32:48] == 0) and np.all(np.isnan(want[1, 32:48]))  # NaN in microscale, 0 in ggml
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "fp8-block"])
+def test_every_source_dtype(tmp_path, dtype):
+    """float32, float16 and DeepSeek-style block FP8 sources: the GGUF holds the compressed-tensors
+    export's bytes (FP8 weights decoded one at a time, then quantized)."""
+    from test_quantized_sources import make_fp8, write_dir
+
+    if dtype == "fp8-block":
+        tensors, config, _, _ = make_fp8("fp8-block")
+        for n in ("model.embed_tokens.weight", "lm_head.weight"):  # the fixture tokenizer's 128 tokens
+            w = tensors[n]
+            tensors[n] = np.concatenate([w, np.zeros((128 - w.shape[0], w.shape[1]), w.dtype)])
+        config.update({"num_hidden_layers": 1, "hidden_size": 288, "intermediate_size": 160, "num_attention_heads": 4,
+                       "num_key_value_heads": 4, "head_dim": 50, "vocab_size": 128, "rms_norm_eps": 1e-5,
+                       "max_position_embeddings": 64})
+        fmt = "mxfp4"  # K = 288 and 160 are whole MXFP4 blocks, not NVFP4 ones
+    else:
+        tensors = {n: w.astype(np.float32 if dtype == "float32" else np.float16)
+                   for n, w in load_all(os.path.join(FIXTURES, "llama")).items()}
+        config = fixture_config("llama")
+        config["torch_dtype"] = dtype
+        fmt = "nvfp4"
+    src = tmp_path / "src"
+    write_dir(src, tensors, config)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(FIXTURES, "llama", f), src)
+    g, ct = tmp_path / "g.gguf", tmp_path / "ct"
+    ok("quantize", src, "-o", g, "--export", "gguf", "--format", fmt, "--scale-rule", "ceil")
+    ok("quantize", src, "-o", ct, "--export", "compressed-tensors", "--format", fmt, "--scale-rule", "ceil")
+    assert_same_layers(str(g), str(ct), "llama", fmt, config)
+    _, t = tensors_of(str(g))
+    want = {"float32": gguf.GGMLQuantizationType.F32, "float16": gguf.GGMLQuantizationType.F16,
+            "fp8-block": gguf.GGMLQuantizationType.BF16}[dtype]
+    assert t["token_embd.weight"].tensor_type == want
