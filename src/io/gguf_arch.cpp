@@ -709,6 +709,47 @@ std::vector<std::string> hf_names(const ArchPlan& a, std::int64_t blocks) {
   return names;
 }
 
+namespace {
+
+// The rope keys in transformers 5's form (rope_parameters, per attention type when the sliding
+// layers have their own theta), inverting base_params: what arch_plan reads back as the same keys.
+// Phi-3's original context length is its own top-level key; longrope's factors are tensors, not
+// keys, and are not rebuilt.
+template <class Find>
+Json rope_config(const std::string& a, const Find& find) {
+  const auto key = [&](std::string_view suffix) { return find(a + "." + std::string(suffix)); };
+  Json out = Json::object();
+  Json full{{"rope_type", "default"}};
+  if (const Json* theta = key("rope.freq_base")) full["rope_theta"] = *theta;
+  const Json* type = key("rope.scaling.type");
+  const Json* orig = key("rope.scaling.original_context_length");
+  if (type && (*type == "linear" || *type == "yarn")) {
+    full["rope_type"] = *type;
+    if (const Json* v = key("rope.scaling.factor")) full["factor"] = *v;
+  }
+  if (type && *type == "yarn") {
+    if (orig) full["original_max_position_embeddings"] = *orig;
+    static constexpr std::pair<std::string_view, std::string_view> kYarn[] = {
+        {"rope.scaling.yarn_ext_factor", "extrapolation_factor"},
+        {"rope.scaling.yarn_attn_factor", "attention_factor"},
+        {"rope.scaling.yarn_beta_fast", "beta_fast"},
+        {"rope.scaling.yarn_beta_slow", "beta_slow"},
+    };
+    for (const auto& [suffix, name] : kYarn)
+      if (const Json* v = key(suffix)) full[std::string(name)] = *v;
+  } else if (orig) {
+    out["original_max_position_embeddings"] = *orig;
+  }
+  if (const Json* swa = key("rope.freq_base_swa"))
+    out["rope_parameters"] = {{"full_attention", full},
+                              {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", *swa}}}};
+  else
+    out["rope_parameters"] = full;
+  return out;
+}
+
+}  // namespace
+
 Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_output) {
   const auto find = [&](std::string_view key) -> const Json* {
     for (const Kv& kv : kvs)
@@ -757,6 +798,7 @@ Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_out
     if (const Json* v = find(a + "." + std::string(suffix))) c[std::string(key)] = *v;
   if (const Json* v = find(a + ".expert_feed_forward_length"))
     c[a == "gpt-oss" ? "intermediate_size" : "moe_intermediate_size"] = *v;
+  c.update(rope_config(a, find));
   c["vocab_size"] = vocab_size;
   c["tie_word_embeddings"] = !has_output;
   return c;

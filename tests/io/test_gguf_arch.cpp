@@ -325,3 +325,32 @@ TEST(GgufArch, FileTypeOfTheQuantizedWeights) {
 }
 
 }  // namespace
+
+// Reading a GGUF back rebuilds config.json from its keys (hf_config), and the importer plans the
+// architecture again from that config: every fixture's keys must survive the trip unchanged.
+TEST(GgufArch, RebuiltConfigGivesTheSameKeys) {
+  for (const auto& [fixture, arch] : kFixtureArchs) {
+    SCOPED_TRACE(fixture);
+    const g::ArchPlan plan = g::arch_plan(fixture_config(fixture));
+    const Json rebuilt = g::hf_config(plan.kvs, plan.vocab_size, !plan.tied_embeddings);
+    g::ArchPlan again;
+    try {
+      again = g::arch_plan(rebuilt);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what() << "\n" << rebuilt.dump();
+      continue;
+    }
+    EXPECT_EQ(again.arch, plan.arch);
+    std::set<std::string> keys, again_keys;
+    for (const g::Kv& kv : plan.kvs) keys.insert(kv.key);
+    for (const g::Kv& kv : again.kvs) again_keys.insert(kv.key);
+    EXPECT_EQ(again_keys, keys) << rebuilt.dump();
+    if (again_keys != keys) continue;
+    for (std::size_t i = 0; i < plan.kvs.size(); ++i) {
+      EXPECT_EQ(again.kvs[i].key, plan.kvs[i].key);
+      EXPECT_EQ(again.kvs[i].type, plan.kvs[i].type) << plan.kvs[i].key;
+      EXPECT_EQ(again.kvs[i].value, plan.kvs[i].value) << plan.kvs[i].key;
+    }
+    EXPECT_EQ(again.tied_embeddings, plan.tied_embeddings);
+  }
+}
