@@ -799,6 +799,30 @@ Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_out
   if (const Json* v = find(a + ".expert_feed_forward_length"))
     c[a == "gpt-oss" ? "intermediate_size" : "moe_intermediate_size"] = *v;
   c.update(rope_config(a, find));
+  // Settings GGUF has no key for, as llama.cpp's graphs fix them, so that transformers runs the
+  // model llama.cpp runs. Gemma scales attention scores by 1/sqrt(head_dim), by
+  // 1/sqrt(hidden / heads) for the 27B sizes (46 layers for Gemma 2, 62 for Gemma 3).
+  if (a == "gemma2" || a == "gemma3") {
+    const Json* layers = find(a + ".block_count");
+    const Json* hidden = find(a + ".embedding_length");
+    const Json* heads = find(a + ".attention.head_count");
+    const bool is_27b = layers && *layers == (a == "gemma2" ? 46 : 62);
+    if (is_27b && hidden && heads && heads->get<std::uint32_t>() != 0)
+      c["query_pre_attn_scalar"] = hidden->get<std::uint32_t>() / heads->get<std::uint32_t>();
+    else if (const Json* head_dim = find(a + ".attention.key_length"))
+      c["query_pre_attn_scalar"] = *head_dim;
+  }
+  if (a == "qwen3moe") c["norm_topk_prob"] = true;  // llama.cpp always renormalizes the chosen experts
+  // Absent ids are written null: transformers' defaults (Phi-3's pad 32000) may lie outside the vocabulary.
+  static constexpr std::pair<std::string_view, std::string_view> kSpecial[] = {
+      {"tokenizer.ggml.bos_token_id", "bos_token_id"},
+      {"tokenizer.ggml.eos_token_id", "eos_token_id"},
+      {"tokenizer.ggml.padding_token_id", "pad_token_id"},
+  };
+  for (const auto& [key, name] : kSpecial) {
+    const Json* v = find(key);
+    c[std::string(name)] = v ? *v : Json(nullptr);
+  }
   c["vocab_size"] = vocab_size;
   c["tie_word_embeddings"] = !has_output;
   return c;
