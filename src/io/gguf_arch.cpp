@@ -812,7 +812,11 @@ Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_out
     else if (const Json* head_dim = find(a + ".attention.key_length"))
       c["query_pre_attn_scalar"] = *head_dim;
   }
-  if (a == "qwen3moe") c["norm_topk_prob"] = true;  // llama.cpp always renormalizes the chosen experts
+  if (a == "qwen3moe") c["norm_topk_prob"] = true;
+  // Phi-3's window 0 stands for none (the export writes 0 for a null window); transformers takes 0
+  // for a window of zero tokens.
+  if (const auto it = c.find("sliding_window"); it != c.end() && *it == 0)
+    *it = nullptr;  // llama.cpp always renormalizes the chosen experts
   // Absent ids are written null: transformers' defaults (Phi-3's pad 32000) may lie outside the vocabulary.
   static constexpr std::pair<std::string_view, std::string_view> kSpecial[] = {
       {"tokenizer.ggml.bos_token_id", "bos_token_id"},

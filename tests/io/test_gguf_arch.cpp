@@ -356,8 +356,9 @@ TEST(GgufArch, RebuiltConfigGivesTheSameKeys) {
 }
 
 // What llama.cpp's graphs fix without a key, in the rebuilt config.json: Gemma's attention scale
-// (1/sqrt(head_dim) below 27B), Qwen3-MoE's renormalized expert weights, and the special token ids
-// (null where the file has none, so that no transformers default points outside the vocabulary).
+// (1/sqrt(head_dim) below 27B), Qwen3-MoE's renormalized expert weights, Phi-3's window 0 as none,
+// and the special token ids (null where the file has none, so that no transformers default points
+// outside the vocabulary).
 TEST(GgufArch, RebuiltConfigHoldsWhatLlamaCppAssumes) {
   for (const char* fixture : {"gemma2", "gemma3"}) {
     SCOPED_TRACE(fixture);
@@ -378,6 +379,7 @@ TEST(GgufArch, RebuiltConfigHoldsWhatLlamaCppAssumes) {
   std::vector<g::Kv> kvs = phi.kvs;
   const Json bare = g::hf_config(kvs, phi.vocab_size, true);
   EXPECT_TRUE(bare.contains("pad_token_id") && bare["pad_token_id"].is_null()) << bare.dump();
+  EXPECT_TRUE(bare.contains("sliding_window") && bare["sliding_window"].is_null()) << bare.dump();  // 0: none
   kvs.push_back(g::kv_u32("tokenizer.ggml.bos_token_id", 1));
   kvs.push_back(g::kv_u32("tokenizer.ggml.padding_token_id", 120));
   const Json with_ids = g::hf_config(kvs, phi.vocab_size, true);
