@@ -146,13 +146,14 @@ ls -l "$WORK/nvfp4.gguf" "$WORK/bf16.gguf" "$WORK/q4_0.gguf" | awk '{ print $5, 
 du -cb "$WORK/nvfp4-ct"/*.safetensors | tail -1
 
 echo "== medians of $ROUNDS rounds"
+# The median of column $2 of $WORK/times over the rows labelled $1.
+median() {
+  awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$WORK/times" | sort -g |
+    awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 echo "| run | wall s | CPU s | peak RSS MiB | source MB/s |"
 echo "|---|---|---|---|---|"
 for label in microscale-gguf microscale-ct llama-convert-bf16 llama-quantize-q4_0; do
-  awk -v l="$label" -v b="$SRC_BYTES" '$1 == l { w[n] = $2; c[n] = $3; r[n] = $4; n++ }
-    function median(a, n,   i, j, t) {
-      for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-      return n % 2 ? a[int(n / 2)] : (a[n / 2 - 1] + a[n / 2]) / 2 }
-    END { mw = median(w, n); printf "| %s | %.1f | %.1f | %.0f | %.0f |\n", l, mw, median(c, n), median(r, n) / 1024, b / 1e6 / mw }' \
-    "$WORK/times"
+  awk -v l="$label" -v w="$(median "$label" 2)" -v c="$(median "$label" 3)" -v r="$(median "$label" 4)" \
+    -v b="$SRC_BYTES" 'BEGIN { printf "| %s | %.1f | %.1f | %.0f | %.0f |\n", l, w, c, r / 1024, b / 1e6 / w }'
 done
