@@ -709,6 +709,47 @@ std::vector<std::string> hf_names(const ArchPlan& a, std::int64_t blocks) {
   return names;
 }
 
+namespace {
+
+// The rope keys in transformers 5's form (rope_parameters, per attention type when the sliding
+// layers have their own theta), inverting base_params: what arch_plan reads back as the same keys.
+// Phi-3's original context length is its own top-level key; longrope's factors are tensors, not
+// keys, and are not rebuilt.
+template <class Find>
+Json rope_config(const std::string& a, const Find& find) {
+  const auto key = [&](std::string_view suffix) { return find(a + "." + std::string(suffix)); };
+  Json out = Json::object();
+  Json full{{"rope_type", "default"}};
+  if (const Json* theta = key("rope.freq_base")) full["rope_theta"] = *theta;
+  const Json* type = key("rope.scaling.type");
+  const Json* orig = key("rope.scaling.original_context_length");
+  if (type && (*type == "linear" || *type == "yarn")) {
+    full["rope_type"] = *type;
+    if (const Json* v = key("rope.scaling.factor")) full["factor"] = *v;
+  }
+  if (type && *type == "yarn") {
+    if (orig) full["original_max_position_embeddings"] = *orig;
+    static constexpr std::pair<std::string_view, std::string_view> kYarn[] = {
+        {"rope.scaling.yarn_ext_factor", "extrapolation_factor"},
+        {"rope.scaling.yarn_attn_factor", "attention_factor"},
+        {"rope.scaling.yarn_beta_fast", "beta_fast"},
+        {"rope.scaling.yarn_beta_slow", "beta_slow"},
+    };
+    for (const auto& [suffix, name] : kYarn)
+      if (const Json* v = key(suffix)) full[std::string(name)] = *v;
+  } else if (orig) {
+    out["original_max_position_embeddings"] = *orig;
+  }
+  if (const Json* swa = key("rope.freq_base_swa"))
+    out["rope_parameters"] = {{"full_attention", full},
+                              {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", *swa}}}};
+  else
+    out["rope_parameters"] = full;
+  return out;
+}
+
+}  // namespace
+
 Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_output) {
   const auto find = [&](std::string_view key) -> const Json* {
     for (const Kv& kv : kvs)
@@ -757,6 +798,35 @@ Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_out
     if (const Json* v = find(a + "." + std::string(suffix))) c[std::string(key)] = *v;
   if (const Json* v = find(a + ".expert_feed_forward_length"))
     c[a == "gpt-oss" ? "intermediate_size" : "moe_intermediate_size"] = *v;
+  c.update(rope_config(a, find));
+  // Settings GGUF has no key for, as llama.cpp's graphs fix them, so that transformers runs the
+  // model llama.cpp runs. Gemma scales attention scores by 1/sqrt(head_dim), by
+  // 1/sqrt(hidden / heads) for the 27B sizes (46 layers for Gemma 2, 62 for Gemma 3).
+  if (a == "gemma2" || a == "gemma3") {
+    const Json* layers = find(a + ".block_count");
+    const Json* hidden = find(a + ".embedding_length");
+    const Json* heads = find(a + ".attention.head_count");
+    const bool is_27b = layers && *layers == (a == "gemma2" ? 46 : 62);
+    if (is_27b && hidden && heads && heads->get<std::uint32_t>() != 0)
+      c["query_pre_attn_scalar"] = hidden->get<std::uint32_t>() / heads->get<std::uint32_t>();
+    else if (const Json* head_dim = find(a + ".attention.key_length"))
+      c["query_pre_attn_scalar"] = *head_dim;
+  }
+  if (a == "qwen3moe") c["norm_topk_prob"] = true;
+  // Phi-3's window 0 stands for none (the export writes 0 for a null window); transformers takes 0
+  // for a window of zero tokens.
+  if (const auto it = c.find("sliding_window"); it != c.end() && *it == 0)
+    *it = nullptr;  // llama.cpp always renormalizes the chosen experts
+  // Absent ids are written null: transformers' defaults (Phi-3's pad 32000) may lie outside the vocabulary.
+  static constexpr std::pair<std::string_view, std::string_view> kSpecial[] = {
+      {"tokenizer.ggml.bos_token_id", "bos_token_id"},
+      {"tokenizer.ggml.eos_token_id", "eos_token_id"},
+      {"tokenizer.ggml.padding_token_id", "pad_token_id"},
+  };
+  for (const auto& [key, name] : kSpecial) {
+    const Json* v = find(key);
+    c[std::string(name)] = v ? *v : Json(nullptr);
+  }
   c["vocab_size"] = vocab_size;
   c["tie_word_embeddings"] = !has_output;
   return c;

@@ -325,3 +325,65 @@ TEST(GgufArch, FileTypeOfTheQuantizedWeights) {
 }
 
 }  // namespace
+
+// Reading a GGUF back rebuilds config.json from its keys (hf_config), and the importer plans the
+// architecture again from that config: every fixture's keys must survive the trip unchanged.
+TEST(GgufArch, RebuiltConfigGivesTheSameKeys) {
+  for (const auto& [fixture, arch] : kFixtureArchs) {
+    SCOPED_TRACE(fixture);
+    const g::ArchPlan plan = g::arch_plan(fixture_config(fixture));
+    const Json rebuilt = g::hf_config(plan.kvs, plan.vocab_size, !plan.tied_embeddings);
+    g::ArchPlan again;
+    try {
+      again = g::arch_plan(rebuilt);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what() << "\n" << rebuilt.dump();
+      continue;
+    }
+    EXPECT_EQ(again.arch, plan.arch);
+    std::set<std::string> keys, again_keys;
+    for (const g::Kv& kv : plan.kvs) keys.insert(kv.key);
+    for (const g::Kv& kv : again.kvs) again_keys.insert(kv.key);
+    EXPECT_EQ(again_keys, keys) << rebuilt.dump();
+    if (again_keys != keys) continue;
+    for (std::size_t i = 0; i < plan.kvs.size(); ++i) {
+      EXPECT_EQ(again.kvs[i].key, plan.kvs[i].key);
+      EXPECT_EQ(again.kvs[i].type, plan.kvs[i].type) << plan.kvs[i].key;
+      EXPECT_EQ(again.kvs[i].value, plan.kvs[i].value) << plan.kvs[i].key;
+    }
+    EXPECT_EQ(again.tied_embeddings, plan.tied_embeddings);
+  }
+}
+
+// What llama.cpp's graphs fix without a key, in the rebuilt config.json: Gemma's attention scale
+// (1/sqrt(head_dim) below 27B), Qwen3-MoE's renormalized expert weights, Phi-3's window 0 as none,
+// and the special token ids (null where the file has none, so that no transformers default points
+// outside the vocabulary).
+TEST(GgufArch, RebuiltConfigHoldsWhatLlamaCppAssumes) {
+  for (const char* fixture : {"gemma2", "gemma3"}) {
+    SCOPED_TRACE(fixture);
+    const g::ArchPlan plan = g::arch_plan(fixture_config(fixture));
+    const Json c = g::hf_config(plan.kvs, plan.vocab_size, !plan.tied_embeddings);
+    EXPECT_EQ(c.value("query_pre_attn_scalar", Json()), Json(32));  // head_dim; the fixture says 256
+  }
+  Json big = fixture_config("gemma2");
+  big["num_hidden_layers"] = 46;  // Gemma 2 27B: hidden / heads, not head_dim
+  big["num_attention_heads"] = 4;
+  const g::ArchPlan p27 = g::arch_plan(big);
+  EXPECT_EQ(g::hf_config(p27.kvs, p27.vocab_size, true).value("query_pre_attn_scalar", Json()), Json(64 / 4));
+
+  const g::ArchPlan moe = g::arch_plan(fixture_config("qwen3_moe"));
+  EXPECT_EQ(g::hf_config(moe.kvs, moe.vocab_size, true).value("norm_topk_prob", Json()), Json(true));
+
+  const g::ArchPlan phi = g::arch_plan(fixture_config("phi3"));
+  std::vector<g::Kv> kvs = phi.kvs;
+  const Json bare = g::hf_config(kvs, phi.vocab_size, true);
+  EXPECT_TRUE(bare.contains("pad_token_id") && bare["pad_token_id"].is_null()) << bare.dump();
+  EXPECT_TRUE(bare.contains("sliding_window") && bare["sliding_window"].is_null()) << bare.dump();  // 0: none
+  kvs.push_back(g::kv_u32("tokenizer.ggml.bos_token_id", 1));
+  kvs.push_back(g::kv_u32("tokenizer.ggml.padding_token_id", 120));
+  const Json with_ids = g::hf_config(kvs, phi.vocab_size, true);
+  EXPECT_EQ(with_ids["bos_token_id"], Json(1));
+  EXPECT_EQ(with_ids["pad_token_id"], Json(120));
+  EXPECT_TRUE(with_ids["eos_token_id"].is_null());
+}
