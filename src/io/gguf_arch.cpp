@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 #include <limits>
 #include <numbers>
@@ -750,6 +752,22 @@ Json rope_config(const std::string& a, const Find& find) {
 
 }  // namespace
 
+namespace {
+
+// A float32 key's value as the shortest decimal that reads back as the same float32 (1e-06, not
+// 9.999999974752427e-07), as the config it came from most likely wrote it.
+Json shortest(const Json& v) {
+  if (!v.is_number_float()) return v;
+  const auto f = static_cast<float>(v.get<double>());
+  if (static_cast<double>(f) != v.get<double>()) return v;
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, f);
+  if (ec != std::errc()) return v;
+  return Json(std::strtod(std::string(buf, end).c_str(), nullptr));
+}
+
+}  // namespace
+
 Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_output) {
   const auto find = [&](std::string_view key) -> const Json* {
     for (const Kv& kv : kvs)
@@ -774,8 +792,10 @@ Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_out
   if (cls == kClasses.end())
     throw Error("GGUF architecture \"" + a + "\" has no transformers form here; supported: " + supported_list());
   Json c = Json::object();
-  c["architectures"] = Json::array({std::string((*cls)[2])});
-  c["model_type"] = std::string((*cls)[1]);
+  // llama.cpp's "llama" with experts is Mixtral, whose transformers class holds them.
+  const bool mixtral = a == "llama" && find("llama.expert_count") != nullptr;
+  c["architectures"] = Json::array({mixtral ? std::string("MixtralForCausalLM") : std::string((*cls)[2])});
+  c["model_type"] = mixtral ? std::string("mixtral") : std::string((*cls)[1]);
   // GGUF key suffix -> config keys.
   static constexpr std::pair<std::string_view, std::string_view> kKeys[] = {
       {"block_count", "num_hidden_layers"},
@@ -795,7 +815,7 @@ Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_out
       {"final_logit_softcapping", "final_logit_softcapping"},
   };
   for (const auto& [suffix, key] : kKeys)
-    if (const Json* v = find(a + "." + std::string(suffix))) c[std::string(key)] = *v;
+    if (const Json* v = find(a + "." + std::string(suffix))) c[std::string(key)] = shortest(*v);
   if (const Json* v = find(a + ".expert_feed_forward_length"))
     c[a == "gpt-oss" ? "intermediate_size" : "moe_intermediate_size"] = *v;
   c.update(rope_config(a, find));
@@ -812,11 +832,10 @@ Json hf_config(const std::vector<Kv>& kvs, std::int64_t vocab_size, bool has_out
     else if (const Json* head_dim = find(a + ".attention.key_length"))
       c["query_pre_attn_scalar"] = *head_dim;
   }
-  if (a == "qwen3moe") c["norm_topk_prob"] = true;
+  if (a == "qwen3moe") c["norm_topk_prob"] = true;  // llama.cpp always renormalizes the chosen experts
   // Phi-3's window 0 stands for none (the export writes 0 for a null window); transformers takes 0
   // for a window of zero tokens.
-  if (const auto it = c.find("sliding_window"); it != c.end() && *it == 0)
-    *it = nullptr;  // llama.cpp always renormalizes the chosen experts
+  if (const auto it = c.find("sliding_window"); it != c.end() && *it == 0) *it = nullptr;
   // Absent ids are written null: transformers' defaults (Phi-3's pad 32000) may lie outside the vocabulary.
   static constexpr std::pair<std::string_view, std::string_view> kSpecial[] = {
       {"tokenizer.ggml.bos_token_id", "bos_token_id"},
