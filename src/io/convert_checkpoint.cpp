@@ -4,8 +4,8 @@
 #include <map>
 #include <set>
 
-#include "io/gguf_import.hpp"
 #include "io/experts.hpp"
+#include "io/gguf_import.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
 
@@ -360,9 +360,9 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   const Input in = open_complete(in_path);
   Detected det = detect(in.ck, in.config);
   check_unsupported(det);
-  // gpt-oss MXFP4 (detect refuses mixed layouts): MLX's split stacks, or compressed-tensors'
-  // per-expert Linears; ModelOpt's loaders have no form for its experts.
-  if (det.sources.kind == SourceKind::gptoss_mxfp4 && opt.to != Convention::modelopt)
+  // gpt-oss MXFP4 (detect refuses mixed layouts): split stacks where the layout stacks experts,
+  // else per-expert Linears; a layout without mxfp4 (ModelOpt) is refused below.
+  if (det.sources.kind == SourceKind::gptoss_mxfp4 && layout(opt.to).holds(Mode::mxfp4))
     return convert_gptoss_mxfp4(in_path, out, opt);
   if (det.sources.kind && !det.mixed()) refuse_convert(det.sources, in_path.string(), opt.to);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");

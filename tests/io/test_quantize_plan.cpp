@@ -225,3 +225,21 @@ TEST(QuantizePlan, TyposAreRefusedWhilePlanning) {
 }
 
 }  // namespace
+
+// The orchestrators ask capability flags, not which ecosystem a layout is.
+TEST(LayoutCapabilities, ModesAndDefaultExport) {
+  using microscale::io::default_convention;
+  EXPECT_EQ(default_convention(Mode::nvfp4), Convention::compressed_tensors);
+  EXPECT_EQ(default_convention(Mode::mxfp4), Convention::compressed_tensors);
+  EXPECT_EQ(default_convention(Mode::mxfp8), Convention::mlx);
+  EXPECT_EQ(default_convention(Mode::affine), Convention::mlx);
+  EXPECT_FALSE(ck::layout(Convention::modelopt).holds(Mode::mxfp4));  // gpt-oss's experts: no ModelOpt form
+  EXPECT_TRUE(ck::layout(Convention::gguf).holds(Mode::mxfp4));
+  EXPECT_FALSE(ck::layout(Convention::gguf).holds(Mode::affine));
+  // One list of conventions, with names both ways.
+  const std::vector<Convention> all = microscale::io::conventions();
+  ASSERT_EQ(all.size(), ck::layouts().size());
+  for (Convention c : all) EXPECT_EQ(microscale::io::convention_from_name(microscale::io::name(c)), c);
+  EXPECT_TRUE(microscale::io::stores_activation_scales(Convention::modelopt));
+  EXPECT_FALSE(microscale::io::stores_activation_scales(Convention::mlx));
+}
