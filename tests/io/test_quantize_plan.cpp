@@ -9,6 +9,7 @@
 #include "io/quantize_plan.hpp"
 #include "io/staging.hpp"
 #include "io_support.hpp"
+#include "microscale/quantize.hpp"
 
 namespace {
 
@@ -242,4 +243,18 @@ TEST(LayoutCapabilities, ModesAndDefaultExport) {
   for (Convention c : all) EXPECT_EQ(microscale::io::convention_from_name(microscale::io::name(c)), c);
   EXPECT_TRUE(microscale::io::stores_activation_scales(Convention::modelopt));
   EXPECT_FALSE(microscale::io::stores_activation_scales(Convention::mlx));
+}
+
+// save_checkpoint writes model directories: a layout with a file format of its own is refused by
+// name (it used to reach the directory writer without a config writer).
+TEST(LayoutCapabilities, SaveCheckpointRefusesFileLayouts) {
+  const iot::TempDir dir;
+  microscale::io::CheckpointData data;
+  data.layers.push_back(
+      {"model.layers.0.mlp.up_proj",
+       microscale::quantize(microscale::Tensor(microscale::DType::float32, {16, 64}).view(), microscale::QuantSpec{}),
+       std::nullopt});
+  iot::expect_error([&] { microscale::io::save_checkpoint(dir / "out", data, Convention::gguf); },
+                    {"unknown export 'gguf'", "compressed-tensors, modelopt, mlx"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
 }
