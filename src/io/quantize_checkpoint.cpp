@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 
-#include "io/experts.hpp"
 #include "io/quantize_plan.hpp"
+#include "io/source_gptoss.hpp"
 #include "io/tensor_values.hpp"
 #include "io/write_pipeline.hpp"
 #include "ops/quantize.hpp"
@@ -68,95 +68,6 @@ std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool
     j["gptq_block_size"] = opt.gptq.block_size;
   }
   return j.dump();
-}
-
-// gpt-oss's expert biases as the split experts' modules name them (mlx-lm then skips its own
-// sanitize, which would otherwise split them): gate_up_proj_bias [E, 2N] becomes gate_proj.bias and
-// up_proj.bias (even and odd columns), down_proj_bias down_proj.bias; [E, N] each in mlx-lm's
-// stacked form, or `per_expert` [N] for each expert as llm-compressor's linearized model holds them.
-std::vector<Item> gptoss_bias_items(const Input& in, const std::string& name, Report& report, bool per_expert) {
-  std::vector<Item> items;
-  const StTensor& t = in.ck.tensor(name);
-  if (t.shape.size() != 2)
-    throw Error("gpt-oss expert bias " + detail::quote(name) + " is " + shape_str(t.shape, ShapeStyle::list) +
-                ", expected [experts, columns]");
-  const std::int64_t experts = t.shape[0];
-  auto add = [&](const BiasPart& part, const std::string& out_name, std::int64_t first, std::int64_t count) {
-    const std::int64_t cols = (t.shape[1] - part.col_start + part.col_step - 1) / part.col_step;
-    const Shape shape = per_expert ? Shape{cols} : Shape{count, cols};
-    Item it = tensor_item(in, name, out_name);
-    it.entries = {{out_name, t.dtype, shape}};
-    it.run = [&in, &report, name, part, out_name, first, count, cols, shape](TensorSink& w) {
-      const StTensor& src = in.ck.tensor(name);
-      const std::size_t size = st_nbytes(src.dtype, {1});
-      std::vector<std::byte> out(static_cast<std::size_t>(count * cols) * size);
-      for (std::int64_t e = 0; e < count; ++e)
-        for (std::int64_t c = 0; c < cols; ++c)
-          std::memcpy(
-              out.data() + static_cast<std::size_t>(e * cols + c) * size,
-              src.data.data() +
-                  static_cast<std::size_t>((first + e) * src.shape[1] + part.col_start + c * part.col_step) * size,
-              size);
-      w.write(out_name, out);
-      TensorReport r;
-      r.name = out_name;
-      r.action = TensorAction::copied;
-      r.format = src.dtype_name();
-      r.shape = shape;
-      r.bytes_in = static_cast<std::size_t>(count * src.shape[1]) * size;
-      r.bytes_out = out.size();
-      report.tensors.push_back(std::move(r));
-    };
-    items.push_back(std::move(it));
-  };
-  if (per_expert)
-    for (std::int64_t e = 0; e < experts; ++e)
-      for (const BiasPart& part : gptoss_bias_parts(name)) add(part, gptoss_expert_name(part.name, e), e, 1);
-  else
-    for (const BiasPart& part : gptoss_bias_parts(name)) add(part, part.name, 0, experts);
-  return items;
-}
-
-// A split gpt-oss expert layer (gate, up or down) made of its MXFP4 source's bytes: expert e's
-// row r is row col_start + r * col_step of expert first_expert + e in `<m>_blocks` [E, C, K/32, 16]
-// and `<m>_scales` [E, C, K/32]. Those bytes are what an mxfp4 layer holds (two E2M1 codes a byte,
-// the even element in the low nibble; one E8M0 exponent per 32 inputs), so convert copies them
-// instead of decoding and quantizing again, which could pick another scale for a block whose
-// largest code is below 4.
-struct CodeBytes {
-  std::vector<std::byte> packed, scales;
-};
-CodeBytes gptoss_codes(const Checkpoint& ck, const SourceWeight& w, const ExpertRows& rows) {
-  const StTensor& b = ck.tensor(w.data);
-  const StTensor& s = ck.tensor(w.scale);
-  const std::int64_t src_rows = b.shape[1], groups = b.shape[2];
-  const auto row_bytes = static_cast<std::size_t>(groups) * 16, row_scales = static_cast<std::size_t>(groups);
-  const auto n = static_cast<std::size_t>(rows.experts * rows.rows);
-  CodeBytes out;
-  out.packed.resize(n * row_bytes);
-  out.scales.resize(n * row_scales);
-  for (std::int64_t e = 0; e < rows.experts; ++e)
-    for (std::int64_t r = 0; r < rows.rows; ++r) {
-      const std::int64_t src_expert = rows.first_expert + e, src_row = rows.col_start + r * rows.col_step;
-      const auto from = static_cast<std::size_t>(src_expert * src_rows + src_row),
-                 to = static_cast<std::size_t>(e * rows.rows + r);
-      const std::byte* exps = s.data.data() + from * row_scales;
-      for (std::size_t g = 0; g < row_scales; ++g)
-        if (exps[g] == std::byte{0xFF})
-          throw Error("tensor " + detail::quote(w.scale) + " holds the E8M0 NaN code 0xFF at [" +
-                      std::to_string(src_expert) + ", " + std::to_string(src_row) + ", " + std::to_string(g) +
-                      "]; the block it scales has no value to convert");
-      std::memcpy(out.scales.data() + to * row_scales, exps, row_scales);
-      std::memcpy(out.packed.data() + to * row_bytes, b.data.data() + from * row_bytes, row_bytes);
-    }
-  return out;
-}
-
-// The bytes of experts [first, first + count) of a tensor stacked by expert (dim 0; stacks of no
-// experts are refused when selected).
-std::span<const std::byte> expert_bytes(const StTensor& t, std::int64_t first, std::int64_t count) {
-  const std::size_t per = t.data.size() / static_cast<std::size_t>(t.shape[0]);
-  return t.data.subspan(static_cast<std::size_t>(first) * per, static_cast<std::size_t>(count) * per);
 }
 
 // quantize_checkpoint, and with `copy_codes` convert_gptoss_mxfp4: gpt-oss MXFP4 experts then

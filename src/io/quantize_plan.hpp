@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "io/experts.hpp"
 #include "io/layout.hpp"
 #include "io/model_dir.hpp"
+#include "io/source_gptoss.hpp"
 
 namespace microscale::io::ck {
 

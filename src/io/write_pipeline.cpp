@@ -104,6 +104,16 @@ void check_nonfinite(std::span<const std::byte> values, DType dt, const std::str
               "; --nonfinite propagate writes them as they are");
 }
 
+TensorReport layer_report(const Layer& l, TensorAction action, std::uint64_t bytes_in) {
+  TensorReport r;
+  r.name = l.module;
+  r.action = action;
+  r.format = name(l.format.mode);
+  r.shape = l.stored(l.cols());
+  r.bytes_in = bytes_in;
+  return r;
+}
+
 void write_emitted(TensorSink& w, const std::vector<Out>& outs, TensorReport& r) {
   for (const Out& o : outs) {
     w.write(o.entry.name, o.bytes());
@@ -303,7 +313,8 @@ void write_output(const Input& in, const fs::path& out, std::vector<Item>& items
   const LayoutOps* lay = to ? &layout(*to) : nullptr;
   if (lay && lay->write_file) return lay->write_file(in, out, items, meta, opt, report);
   if (opt.split_bytes)
-    throw Error("a size limit per file splits single-file outputs (GGUF) only; " + std::string(lay ? lay->title : "a dequantized checkpoint") + " keeps the input's shards");
+    throw Error("a size limit per file splits single-file outputs (GGUF) only; " +
+                std::string(lay ? lay->title : "a dequantized checkpoint") + " keeps the input's shards");
   const char* shard_format = lay ? lay->shard_format : nullptr;
   const bool force = opt.force;
   const ProgressFn& progress = opt.progress;
