@@ -74,6 +74,9 @@ std::vector<Convention> conventions();
 Convention default_convention(Mode m);
 // Whether the layout stores static activation scales (W4A4 nvfp4 configs).
 bool stores_activation_scales(Convention c);
+// Whether it is a model directory (safetensors shards and configs) that save_checkpoint writes,
+// rather than a file of its own (GGUF).
+bool is_model_directory(Convention c);
 
 // Progress of a streaming operation, reported after each tensor (or layer) is done.
 struct Progress {

@@ -88,7 +88,7 @@ def _check_input_amax(layers, export):
     if not given:
         return
     if not _core.Convention.from_name(export).activation_scales:  # (an unknown export raises there)
-        names = [c.label for c in _core.Convention.__members__.values() if c.activation_scales]
+        names = [c.label for c in _core.Convention.__members__.values() if c.activation_scales and c.model_directory]
         raise ValueError(f"layers[{given[0]!r}].input_amax: static activation scales (W4A4) exist for "
                          f"nvfp4 with export {_either(names)} only, not {export!r}; set "
                          "input_amax = None for a weight-only export")

@@ -482,6 +482,7 @@ void bind(nb::module_& m) {
       "from_name", [](const std::string& s) { return io::convention_from_name(s); }, nb::arg("name"));
   convention.def_prop_ro("label", [](io::Convention c) { return std::string(io::name(c)); });
   convention.def_prop_ro("activation_scales", [](io::Convention c) { return io::stores_activation_scales(c); });
+  convention.def_prop_ro("model_directory", [](io::Convention c) { return io::is_model_directory(c); });
 
   nb::class_<io::QuantizedLayer>(m, "QuantizedLayer")
       .def(

@@ -84,10 +84,10 @@ CheckpointData load_checkpoint(const fs::path& path) {
 
 void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention to, bool force) {
   const LayoutOps& lay = layout(to);
-  if (lay.write_file) {  // a file format of its own (GGUF): no model directory to write
+  if (!is_model_directory(to)) {  // a file format of its own (GGUF)
     std::string dirs;
     for (const LayoutOps* l : layouts())
-      if (!l->write_file) dirs += (dirs.empty() ? "" : ", ") + std::string(l->name);
+      if (is_model_directory(l->convention)) dirs += (dirs.empty() ? "" : ", ") + std::string(l->name);
     throw Error("save_checkpoint: unknown export '" + std::string(lay.name) +
                 "' for a model directory (expected one of " + dirs + "); microscale quantize or convert --to " +
                 lay.name + " writes " + lay.title);

@@ -34,6 +34,8 @@ Convention default_convention(Mode m) { return ck::default_layout(m).convention;
 
 bool stores_activation_scales(Convention c) { return ck::layout(c).activation_scales; }
 
+bool is_model_directory(Convention c) { return !ck::layout(c).write_file; }
+
 namespace ck {
 
 std::span<const LayoutOps* const> layouts() {

@@ -243,6 +243,8 @@ TEST(LayoutCapabilities, ModesAndDefaultExport) {
   for (Convention c : all) EXPECT_EQ(microscale::io::convention_from_name(microscale::io::name(c)), c);
   EXPECT_TRUE(microscale::io::stores_activation_scales(Convention::modelopt));
   EXPECT_FALSE(microscale::io::stores_activation_scales(Convention::mlx));
+  EXPECT_TRUE(microscale::io::is_model_directory(Convention::mlx));
+  EXPECT_FALSE(microscale::io::is_model_directory(Convention::gguf));  // a file of its own
 }
 
 // save_checkpoint writes model directories: a layout with a file format of its own is refused by
