@@ -67,6 +67,16 @@ enum class Convention { compressed_tensors, modelopt, mlx, gguf };
 const char* name(Convention c);  // "compressed-tensors", "modelopt", "mlx", "gguf"
 // Accepts those names (and "ct"); throws Error otherwise.
 Convention convention_from_name(std::string_view s);
+// Every convention, in the order detection tries them.
+std::vector<Convention> conventions();
+// What quantize writes mode `m` to without an explicit export: the first convention that holds it
+// (compressed-tensors for nvfp4 and mxfp4, mlx for mxfp8 and affine).
+Convention default_convention(Mode m);
+// Whether the layout stores static activation scales (W4A4 nvfp4 configs).
+bool stores_activation_scales(Convention c);
+// Whether it is a model directory (safetensors shards and configs) that save_checkpoint writes,
+// rather than a file of its own (GGUF).
+bool is_model_directory(Convention c);
 
 // Progress of a streaming operation, reported after each tensor (or layer) is done.
 struct Progress {

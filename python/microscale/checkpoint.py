@@ -73,6 +73,11 @@ def load_checkpoint(path) -> LoadedCheckpoint:
     return ck
 
 
+def _either(names):
+    """"a", "a or b", "a, b or c"."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
 def _check_input_amax(layers, export):
     """The CLI's rules for static activation scales (--activation-amax), so that no input_amax is
     silently left out of a checkpoint."""
@@ -82,9 +87,10 @@ def _check_input_amax(layers, export):
     given = [m for m, q in layers.items() if q.input_amax is not None]
     if not given:
         return
-    if export == "mlx":  # (an unknown export is reported by _core)
+    if not _core.Convention.from_name(export).activation_scales:  # (an unknown export raises there)
+        names = [c.label for c in _core.Convention.__members__.values() if c.activation_scales and c.model_directory]
         raise ValueError(f"layers[{given[0]!r}].input_amax: static activation scales (W4A4) exist for "
-                         f"nvfp4 with export compressed-tensors or modelopt only, not {export!r}; set "
+                         f"nvfp4 with export {_either(names)} only, not {export!r}; set "
                          "input_amax = None for a weight-only export")
     for module, q in layers.items():
         what = f"layers[{module!r}].input_amax"

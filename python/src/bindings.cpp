@@ -472,13 +472,17 @@ void py_save_checkpoint(const std::string& path, const io::CheckpointData& data,
 
 void bind(nb::module_& m) {
   nb::enum_<io::Convention> convention(m, "Convention");
-  for (io::Convention c : {io::Convention::compressed_tensors, io::Convention::modelopt, io::Convention::mlx}) {
+  // The C++ names table is the one list of conventions: "compressed-tensors" is `compressed_tensors`.
+  for (io::Convention c : io::conventions()) {
     std::string label = io::name(c);
     std::replace(label.begin(), label.end(), '-', '_');  // a Python name
     convention.value(label.c_str(), c);
   }
   convention.def_static(
       "from_name", [](const std::string& s) { return io::convention_from_name(s); }, nb::arg("name"));
+  convention.def_prop_ro("label", [](io::Convention c) { return std::string(io::name(c)); });
+  convention.def_prop_ro("activation_scales", [](io::Convention c) { return io::stores_activation_scales(c); });
+  convention.def_prop_ro("model_directory", [](io::Convention c) { return io::is_model_directory(c); });
 
   nb::class_<io::QuantizedLayer>(m, "QuantizedLayer")
       .def(

@@ -324,9 +324,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              opt.hessians = o->hessians;
              opt.gptq = GptqOptions{o->gptq_damp, o->gptq_block_size};
              opt.spec.scale_2d = o->scale_2d;
-             const bool fp4 = opt.spec.mode == Mode::nvfp4 || opt.spec.mode == Mode::mxfp4;
-             opt.to = o->to.empty() ? (fp4 ? io::Convention::compressed_tensors : io::Convention::mlx)
-                                    : io::convention_from_name(o->to);
+             opt.to = o->to.empty() ? io::default_convention(opt.spec.mode) : io::convention_from_name(o->to);
              if (!o->split_size.empty()) opt.split_bytes = size_from_text(o->split_size);
              opt.exclude = o->exclude;
              opt.include = o->include;

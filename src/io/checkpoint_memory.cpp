@@ -84,10 +84,14 @@ CheckpointData load_checkpoint(const fs::path& path) {
 
 void save_checkpoint(const fs::path& out, const CheckpointData& data, Convention to, bool force) {
   const LayoutOps& lay = layout(to);
-  if (lay.write_file)
-    throw Error(std::string("save_checkpoint writes a directory of safetensors, and ") + lay.title +
-                " is a file of its own: save compressed-tensors, then run `microscale convert DIR --to " + lay.name +
-                " -o FILE`");
+  if (!is_model_directory(to)) {  // a file format of its own (GGUF)
+    std::string dirs;
+    for (const LayoutOps* l : layouts())
+      if (is_model_directory(l->convention)) dirs += (dirs.empty() ? "" : ", ") + std::string(l->name);
+    throw Error("save_checkpoint: unknown export '" + std::string(lay.name) +
+                "' for a model directory (expected one of " + dirs + "); microscale quantize or convert --to " +
+                lay.name + " writes " + lay.title);
+  }
   std::vector<Layer> layers;
   for (const QuantizedLayer& ql : data.layers) layers.push_back(checked_layer(ql.module, ql.weight, ql.input_amax));
   if (layers.empty()) throw Error("save_checkpoint: no quantized layers given");

@@ -6,6 +6,7 @@
 
 #include "io/experts.hpp"
 #include "io/gguf_import.hpp"
+#include "io/source_gptoss.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
 
@@ -34,16 +35,6 @@ DType source_dtype(const Input& in, const Detected& det, Report& report) {
   return DType::bfloat16;
 }
 
-TensorReport layer_report(const Layer& l, TensorAction action, std::uint64_t bytes_in) {
-  TensorReport r;
-  r.name = l.module;
-  r.action = action;
-  r.format = name(l.format.mode);
-  r.shape = l.stored(l.cols());
-  r.bytes_in = bytes_in;
-  return r;
-}
-
 // Dequantized stacked experts go back to the form transformers loads: "<p>.switch_mlp.<proj>"
 // into per-expert weights; gpt-oss's split gate, up and down (and their biases) into its
 // [E, in, out] stacks. Returns false for a layer written as it is.
@@ -67,121 +58,6 @@ bool unstack_experts(const Input& in, const Layer& l, DType dtype, NonFinite non
   };
   items.push_back(std::move(it));
   return true;
-}
-
-// gpt-oss (config model_type gpt_oss): its split expert layers and biases, merged back.
-struct GptossMerge {
-  std::map<std::string, std::vector<const Layer*>> layers;  // merged name -> its parts in column order
-  std::map<std::string, std::vector<std::string>> biases;   // merged name -> bias tensors in column order
-};
-
-GptossMerge gptoss_merge(const Input& in, const Detected& det) {
-  GptossMerge g;
-  if (!is_gptoss(in.config)) return g;
-  for (const Layer& l : det.layers)
-    if (const auto m = gptoss_merged(l.module); m && l.experts) {
-      auto& parts = g.layers[m->name];
-      parts.resize(static_cast<std::size_t>(m->parts));
-      parts[static_cast<std::size_t>(m->part)] = &l;
-    }
-  for (const auto& [name, parts] : g.layers)
-    for (const Layer* p : parts)
-      if (!p || p->shape != parts.front()->shape || p->experts != parts.front()->experts)
-        throw Error("gpt-oss experts " + detail::quote(name) +
-                    ": the split gate_proj and up_proj layers it is made of are not both present with one shape");
-  for (const std::string& n : in.ck.names())
-    if (const auto m = gptoss_merged(n); m && n.ends_with(".bias") && !det.consumed.count(n)) {
-      const std::string weight = m->name.substr(0, m->name.size() - std::string_view("_bias").size());
-      if (!g.layers.count(weight)) continue;
-      auto& parts = g.biases[m->name];
-      parts.resize(static_cast<std::size_t>(m->parts));
-      parts[static_cast<std::size_t>(m->part)] = n;
-    }
-  for (const auto& [name, parts] : g.biases)
-    for (const std::string& p : parts)
-      if (p.empty() || in.ck.tensor(p).shape != in.ck.tensor(parts.front()).shape ||
-          in.ck.tensor(p).dtype != in.ck.tensor(parts.front()).dtype || in.ck.tensor(p).shape.size() != 2)
-        throw Error("gpt-oss expert bias " + detail::quote(name) +
-                    ": the split gate_proj.bias and up_proj.bias it is made of are not both present, 2-D, "
-                    "with one shape and dtype");
-  // Each part holds one bias per output row of its layer, for each of the layer's experts.
-  for (const auto& [name, parts] : g.biases) {
-    const Layer& l = *g.layers.at(name.substr(0, name.size() - std::string_view("_bias").size())).front();
-    const Shape want = {l.experts, l.rows() / l.experts};
-    for (const std::string& p : parts)
-      if (in.ck.tensor(p).shape != want)
-        throw Error("gpt-oss expert bias " + detail::quote(p) + " is " +
-                    shape_str(in.ck.tensor(p).shape, ShapeStyle::list) + ", expected " +
-                    shape_str(want, ShapeStyle::list) + ": one bias per output row of layer " +
-                    detail::quote(l.module) + " for each of its experts");
-  }
-  return g;
-}
-
-void gptoss_items(const Input& in, const GptossMerge& g, DType dtype, NonFinite nonfinite, std::vector<Item>& items,
-                  Report& report) {
-  // Named copies, not structured bindings: the lambdas below capture them (C++20 allows capturing
-  // a binding, but the clang that builds the fuzzers does not).
-  for (const auto& layer : g.layers) {
-    const std::string& name = layer.first;
-    const auto& parts = layer.second;
-    const Layer& first = *parts.front();
-    const std::int64_t e = first.experts, n = first.rows() / e, k = first.cols();
-    Item it = layer_item(in, first);
-    for (std::size_t p = 1; p < parts.size(); ++p)
-      for (const Source& s : parts[p]->sources) {
-        it.inputs.push_back(in.ck.tensor(s.tensor).data);
-        it.in_bytes += in.ck.tensor(s.tensor).data.size();
-      }
-    it.label = name;
-    it.entries = {{name, to_st_dtype(dtype), {e, k, n * static_cast<std::int64_t>(parts.size())}}};
-    it.run = [&in, &report, name, parts, dtype, nonfinite, e, n, k, bytes = it.in_bytes](TensorSink& w) {
-      std::vector<Tensor> ys;
-      std::vector<std::span<const std::byte>> spans;
-      for (const Layer* l : parts) {
-        ys.push_back(dequantize_layer(*l, dtype));
-        spans.emplace_back(ys.back().bytes(), ys.back().nbytes());
-        release_sources(in.ck, *l);
-      }
-      const std::vector<std::byte> out = merge_columns(spans, e, n, k, dtype_size(dtype));
-      TensorReport r = layer_report(*parts.front(), TensorAction::dequantized, bytes);
-      check_nonfinite(out, dtype, name, nonfinite, r);
-      w.write(name, out);
-      r.name = name;
-      r.shape = {e, k, n * static_cast<std::int64_t>(parts.size())};
-      r.bytes_out = out.size();
-      report.tensors.push_back(std::move(r));
-    };
-    items.push_back(std::move(it));
-  }
-  for (const auto& bias : g.biases) {
-    const std::string& name = bias.first;
-    const auto& parts = bias.second;
-    const StTensor& t = in.ck.tensor(parts.front());
-    Item it = tensor_item(in, parts.front(), name);
-    for (std::size_t p = 1; p < parts.size(); ++p) {
-      it.inputs.push_back(in.ck.tensor(parts[p]).data);
-      it.in_bytes += in.ck.tensor(parts[p]).data.size();
-    }
-    const Shape shape = {t.shape[0], t.shape[1] * static_cast<std::int64_t>(parts.size())};
-    it.entries = {{name, t.dtype, shape}};
-    it.run = [&in, &report, name, parts, shape](TensorSink& w) {
-      const StTensor& first = in.ck.tensor(parts.front());
-      std::vector<std::span<const std::byte>> spans;
-      for (const std::string& p : parts) spans.push_back(in.ck.tensor(p).data);
-      const std::vector<std::byte> out =
-          merge_columns(spans, first.shape[0], first.shape[1], 1, st_nbytes(first.dtype, {1}));
-      w.write(name, out);
-      TensorReport r;
-      r.name = name;
-      r.action = TensorAction::copied;
-      r.format = first.dtype_name();
-      r.shape = shape;
-      r.bytes_in = r.bytes_out = out.size();
-      report.tensors.push_back(std::move(r));
-    };
-    items.push_back(std::move(it));
-  }
 }
 
 // MLX holds a projection's experts stacked (mlx-lm's SwitchGLU): the per-expert layers of each
@@ -360,9 +236,9 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   const Input in = open_complete(in_path);
   Detected det = detect(in.ck, in.config);
   check_unsupported(det);
-  // gpt-oss MXFP4 (detect refuses mixed layouts): MLX's split stacks, or compressed-tensors'
-  // per-expert Linears; ModelOpt's loaders have no form for its experts.
-  if (det.sources.kind == SourceKind::gptoss_mxfp4 && opt.to != Convention::modelopt)
+  // gpt-oss MXFP4 (detect refuses mixed layouts): split stacks where the layout stacks experts,
+  // else per-expert Linears; a layout without mxfp4 (ModelOpt) is refused below.
+  if (det.sources.kind == SourceKind::gptoss_mxfp4 && layout(opt.to).holds(Mode::mxfp4))
     return convert_gptoss_mxfp4(in_path, out, opt);
   if (det.sources.kind && !det.mixed()) refuse_convert(det.sources, in_path.string(), opt.to);
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");

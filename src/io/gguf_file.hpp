@@ -32,8 +32,19 @@ std::uint64_t tensor_bytes(GgmlType t, std::span<const std::int64_t> ne, std::st
 
 // Metadata value types (gguf_type in ggml's gguf.h).
 enum class ValueType : std::uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7,
-  string = 8, array = 9, u64 = 10, i64 = 11, f64 = 12
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12
 };
 
 // One key/value: the value is a JSON number, bool, string, or array of those; `type` (and, for

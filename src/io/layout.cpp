@@ -24,6 +24,18 @@ Convention convention_from_name(std::string_view s) {
   throw Error("unknown export format '" + std::string(s) + "' (expected " + ck::layouts_with(nullptr, false) + ")");
 }
 
+std::vector<Convention> conventions() {
+  std::vector<Convention> out;
+  for (const ck::LayoutOps* l : ck::layouts()) out.push_back(l->convention);
+  return out;
+}
+
+Convention default_convention(Mode m) { return ck::default_layout(m).convention; }
+
+bool stores_activation_scales(Convention c) { return ck::layout(c).activation_scales; }
+
+bool is_model_directory(Convention c) { return !ck::layout(c).write_file; }
+
 namespace ck {
 
 std::span<const LayoutOps* const> layouts() {
@@ -36,6 +48,12 @@ const LayoutOps& layout(Convention c) {
   for (const LayoutOps* l : layouts())
     if (l->convention == c) return *l;
   throw Error("unknown checkpoint layout " + std::to_string(static_cast<int>(c)));
+}
+
+const LayoutOps& default_layout(Mode m) {
+  for (const LayoutOps* l : layouts())
+    if (l->holds(m)) return *l;
+  throw Error(std::string("no checkpoint layout stores ") + name(m));
 }
 
 std::string layouts_with(bool LayoutOps::*flag, bool titles) {
@@ -144,11 +162,11 @@ Detected detect(const Checkpoint& ck, const Json& config) {
   d.sources = scan_sources(ck, config, d.consumed);
   // compressed-tensors holds FP8 and packed FP4 groups side by side (Detected::mixed); other
   // layouts and source formats do not mix.
-  const bool ct_mixed =
-      d.sources.kind == SourceKind::ct_fp8 && kinds.size() == 1 && d.convention == Convention::compressed_tensors;
+  const bool config_groups = d.convention && layout(*d.convention).keeps_fp8_groups;
+  const bool ct_mixed = d.sources.kind == SourceKind::ct_fp8 && kinds.size() == 1 && config_groups;
   if (d.sources.kind && !kinds.empty() && !ct_mixed)
     throw Error("checkpoint mixes quantized layouts (" + *kinds.begin() + ", " + name(*d.sources.kind) + ")");
-  if (d.convention == Convention::compressed_tensors || d.sources.kind == SourceKind::ct_fp8) match_groups(d, config);
+  if (config_groups || d.sources.kind == SourceKind::ct_fp8) match_groups(d, config);
   // A tensor named like a part of a quantized layer that the layer's layout does not read (a
   // ModelOpt layer beside "m.input_global_scale", say) is a mix of layouts: another layout would
   // read it as part of the layer, so it can neither be dropped nor copied through.

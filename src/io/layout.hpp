@@ -5,6 +5,7 @@
 // Convention (checkpoint.hpp).
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -40,6 +41,9 @@ struct Scheme {
   Mode mode;
   int group, bits;
 };
+
+// The modes a layout stores unless its module says otherwise: the FP4 formats.
+inline constexpr Mode kFp4Modes[] = {Mode::nvfp4, Mode::mxfp4};
 
 struct Item;          // write_pipeline.hpp
 struct WriteOptions;  // write_pipeline.hpp
@@ -78,8 +82,13 @@ struct LayoutOps {
   void (*write_file)(const Input& in, const fs::path& out, std::vector<Item>& items, const QuantMeta& meta,
                      const WriteOptions& opt, Report& report);
   // Holds the FP8 weights of a compressed-tensors float-quantized config group, as they are, beside
-  // its own layers (convert of a mixed checkpoint); else they are written dequantized.
+  // its own layers (convert of a mixed checkpoint); else they are written dequantized. Its
+  // config describes config groups (compressed-tensors'), which detection matches to the layers.
   bool keeps_fp8_groups = false;
+  // The modes its layers can be stored in.
+  std::span<const Mode> modes = kFp4Modes;
+
+  bool holds(Mode m) const { return std::find(modes.begin(), modes.end(), m) != modes.end(); }
 };
 
 extern const LayoutOps kCompressedTensorsLayout, kModelOptLayout, kMlxLayout, kGgufLayout;
@@ -88,6 +97,8 @@ extern const LayoutOps kCompressedTensorsLayout, kModelOptLayout, kMlxLayout, kG
 extern const ScaleConvention kDecodeFactor;
 std::span<const LayoutOps* const> layouts();
 const LayoutOps& layout(Convention c);
+// The layout a quantize without --export writes `m` to: the first in layouts() that holds it.
+const LayoutOps& default_layout(Mode m);
 // "a or b" / "a, b or c" over the layouts with `flag` set (all with null), by name or by title.
 std::string layouts_with(bool LayoutOps::*flag, bool titles);
 

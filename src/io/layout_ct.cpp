@@ -158,6 +158,7 @@ constinit const LayoutOps kCompressedTensorsLayout{
     .row_block = nullptr,
     .write_file = nullptr,
     .keeps_fp8_groups = true,
+    .modes = kFp4Modes,
 };
 
 }  // namespace microscale::io::ck

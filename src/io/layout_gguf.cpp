@@ -126,6 +126,8 @@ constinit const LayoutOps kGgufLayout{
     .write_config = nullptr,
     .row_block = row_block,
     .write_file = write_gguf,
+    .keeps_fp8_groups = false,  // GGUF has no FP8 type: FP8 groups are written as BF16
+    .modes = kFp4Modes,
 };
 
 }  // namespace microscale::io::ck

@@ -12,6 +12,7 @@ namespace microscale::io::ck {
 namespace {
 
 constexpr std::string_view kSuffixes[] = {".weight", ".scales", ".biases"};
+constexpr Mode kModes[] = {Mode::nvfp4, Mode::mxfp4, Mode::mxfp8, Mode::affine};
 
 bool is_primary(const Checkpoint& ck, std::string_view tensor) {
   return tensor.ends_with(".scales") && ck.contains(module_of(tensor) + ".weight");
@@ -202,6 +203,8 @@ constinit const LayoutOps kMlxLayout{
     .write_config = write_config,
     .row_block = nullptr,
     .write_file = nullptr,
+    .keeps_fp8_groups = false,
+    .modes = kModes,
 };
 
 }  // namespace microscale::io::ck

@@ -20,6 +20,7 @@ constinit const ScaleConvention kDecodeFactor{
 namespace {
 
 constexpr std::string_view kSuffixes[] = {".weight", ".weight_scale", ".weight_scale_2", ".input_scale"};
+constexpr Mode kModes[] = {Mode::nvfp4};  // ModelOpt's FP4 export is NVFP4 only
 
 bool is_primary(const Checkpoint&, std::string_view tensor) { return tensor.ends_with(".weight_scale_2"); }
 
@@ -111,6 +112,8 @@ constinit const LayoutOps kModelOptLayout{
     .write_config = write_config,
     .row_block = nullptr,
     .write_file = nullptr,
+    .keeps_fp8_groups = false,
+    .modes = kModes,
 };
 
 }  // namespace microscale::io::ck

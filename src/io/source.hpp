@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "io/layer.hpp"
+#include "microscale/codecs.hpp"
 
 namespace microscale::io::ck {
 
@@ -77,5 +79,24 @@ void note_dropped(const Sources& s, Report& report);
 // `nonfinite`, its NaN and Inf are counted and checked (check_nonfinite).
 Item source_item(const Input& in, const SourceWeight& w, DType dt, Report& report, TensorAction action,
                  std::string reason = "", std::optional<NonFinite> nonfinite = std::nullopt);
+
+// ---- for the source forms' modules (source_fp8.cpp, source_gptoss.cpp)
+
+// config.json's quantization_config object, or null.
+const Json* quantization_config(const Json& config);
+// A string field of `obj` in lower case; "" when `obj` is null or the field is absent or no string.
+std::string lower_field(const Json* obj, const char* key);
+
+// Element i of a float32, bfloat16 or float16 buffer set to v (rounded to nearest-even).
+template <DType D>
+void store(std::byte* out, std::size_t i, float v) {
+  if constexpr (D == DType::float32) {
+    std::memcpy(out + 4 * i, &v, 4);
+  } else {
+    const std::uint16_t h = D == DType::bfloat16 ? encode_bf16(v) : encode_f16(v);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+void put(std::byte* out, DType dt, std::size_t i, float v);
 
 }  // namespace microscale::io::ck

@@ -104,6 +104,16 @@ void check_nonfinite(std::span<const std::byte> values, DType dt, const std::str
               "; --nonfinite propagate writes them as they are");
 }
 
+TensorReport layer_report(const Layer& l, TensorAction action, std::uint64_t bytes_in) {
+  TensorReport r;
+  r.name = l.module;
+  r.action = action;
+  r.format = name(l.format.mode);
+  r.shape = l.stored(l.cols());
+  r.bytes_in = bytes_in;
+  return r;
+}
+
 void write_emitted(TensorSink& w, const std::vector<Out>& outs, TensorReport& r) {
   for (const Out& o : outs) {
     w.write(o.entry.name, o.bytes());

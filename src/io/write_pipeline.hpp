@@ -44,6 +44,9 @@ Item passthrough(const Input& in, const std::string& name, Report& report,
 void check_nonfinite(std::span<const std::byte> values, DType dt, const std::string& name, NonFinite policy,
                      TensorReport& r);
 
+// The report of layer `l` written with `action` (its name, format and stored shape).
+TensorReport layer_report(const Layer& l, TensorAction action, std::uint64_t bytes_in);
+
 // Writes `outs` (emit's tensors), adding their bytes to `r`.
 void write_emitted(TensorSink& w, const std::vector<Out>& outs, TensorReport& r);
 std::vector<StEntry> entries_of(const std::vector<Out>& outs);

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/experts.hpp"
+#include "io/source_gptoss.hpp"
 #include "microscale/io.hpp"
 
 namespace gguf_arch_test {
