@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "core/convert.hpp"
@@ -109,11 +110,11 @@ class GgufSink final : public TensorSink {
       bytes = buf;
     }
     if (t.blocks && t.mode == Mode::nvfp4) note_nan_scales(t, bytes);
+    std::unique_ptr<std::byte[]> permuted;  // every byte written by permute_rows: no zero-fill
     if (t.rule.permute_heads > 0) {
-      std::vector<std::byte> permuted(bytes.size());
-      permute_rows(bytes, permuted, shape[0], t.rule.permute_heads);
-      buf = std::move(permuted);
-      bytes = buf;
+      permuted = std::make_unique_for_overwrite<std::byte[]>(bytes.size());
+      permute_rows(bytes, {permuted.get(), bytes.size()}, shape[0], t.rule.permute_heads);
+      bytes = {permuted.get(), bytes.size()};
     }
     put_(t, bytes);
   }

@@ -133,7 +133,7 @@ std::int64_t mul(const std::string& module, std::int64_t a, std::int64_t b, cons
 struct Out {
   StEntry entry;
   std::span<const std::byte> data;
-  std::shared_ptr<const std::vector<std::byte>> owned;  // holds `data` when the layout rearranged the bytes
+  std::shared_ptr<const void> owned;  // holds `data` when the layout rearranged the bytes
   std::array<std::byte, 4> scalar{};
   bool inline_scalar = false;
   std::span<const std::byte> bytes() const { return inline_scalar ? std::span<const std::byte>(scalar) : data; }

@@ -52,7 +52,9 @@ void emit_gguf(const Layer& l, std::vector<Out>& out) {
   const std::int64_t row_bytes = gguf::ggml_row_bytes(mode, k);
   Out w = entry(m + ".weight", StDType::u8, l.stored(row_bytes));
   if (!l.packed.empty()) {
-    auto blocks = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(l.rows() * row_bytes));
+    // Every byte is written by to_ggml_blocks: no zero-fill of a weight-sized buffer.
+    const auto size = static_cast<std::size_t>(l.rows() * row_bytes);
+    std::shared_ptr<std::byte[]> blocks = std::make_shared_for_overwrite<std::byte[]>(size);
     std::span<const std::byte> codes = l.packed, scales = l.scales;
     std::vector<std::byte> codes_copy, scales_copy;
     const bool negative =
@@ -66,8 +68,8 @@ void emit_gguf(const Layer& l, std::vector<Out>& out) {
       codes = codes_copy;
       scales = scales_copy;
     }
-    gguf::to_ggml_blocks(mode, l.rows(), k, codes, scales, *blocks);
-    w.data = *blocks;
+    gguf::to_ggml_blocks(mode, l.rows(), k, codes, scales, {blocks.get(), size});
+    w.data = {blocks.get(), size};
     w.owned = std::move(blocks);
   }
   out.push_back(std::move(w));
