@@ -227,6 +227,18 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
     extras.emplace_back(std::move(t), &x);
   }
 
+  // llama.cpp 0.3.36's graphs of these architectures call build_ffn without the feed-forward's
+  // scale tensors (src/models/<arch>.cpp), so an NVFP4 FFN runs amax/2688 times off there.
+  constexpr std::string_view kFfnScaleUnapplied[] = {"qwen2", "gemma2", "gemma3", "phi3"};
+  const bool nvfp4_ffn = std::any_of(nvfp4_weights.begin(), nvfp4_weights.end(),
+                                     [](const std::string& n) { return n.find(".ffn_") != std::string::npos; });
+  if (nvfp4_ffn && std::find(std::begin(kFfnScaleUnapplied), std::end(kFfnScaleUnapplied), arch.arch) !=
+                       std::end(kFfnScaleUnapplied))
+    report.notes.push_back("llama.cpp 0.3.36 does not apply the .scale of " + arch.arch +
+                           "'s feed-forward weights (its graph drops them, as for llama.cpp's own NVFP4 conversions), "
+                           "so these NVFP4 FFN weights give wrong (NaN) logits there until it does: use --format "
+                           "mxfp4, or --exclude '*.mlp.*' to keep the FFN in high precision (docs/gguf.md)");
+
   // The keys: the architecture's, the tokenizer's, and what the file holds.
   std::vector<gguf::Kv> kvs;
   std::set<std::string> keys;
