@@ -533,3 +533,11 @@ def test_every_source_dtype(tmp_path, dtype):
     want = {"float32": gguf.GGMLQuantizationType.F32, "float16": gguf.GGMLQuantizationType.F16,
             "fp8-block": gguf.GGMLQuantizationType.BF16}[dtype]
     assert t["token_embd.weight"].tensor_type == want
+
+
+@pytest.mark.parametrize("arch,warned", [("qwen2", True), ("gemma3", True), ("llama", False), ("qwen3", False)])
+def test_export_warns_where_llama_cpp_drops_the_ffn_scale(tmp_path, arch, warned):
+    r = ok("quantize", os.path.join(FIXTURES, arch), "-o", tmp_path / "m.gguf", "--export", "gguf")
+    assert ("does not apply the .scale" in r.stdout) == warned
+    r = ok("quantize", os.path.join(FIXTURES, arch), "-o", tmp_path / "x.gguf", "--export", "gguf", "--format", "mxfp4")
+    assert "does not apply the .scale" not in r.stdout
