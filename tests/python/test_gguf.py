@@ -541,3 +541,23 @@ def test_export_warns_where_llama_cpp_drops_the_ffn_scale(tmp_path, arch, warned
     assert ("does not apply the .scale" in r.stdout) == warned
     r = ok("quantize", os.path.join(FIXTURES, arch), "-o", tmp_path / "x.gguf", "--export", "gguf", "--format", "mxfp4")
     assert "does not apply the .scale" not in r.stdout
+
+
+def test_modelopt_to_gguf_moves_the_bytes(exports, tmp_path):
+    """ModelOpt's weight_scale_2 is GGUF's .scale (both amax/2688): copied as it is, and the
+    blocks hold ModelOpt's codes and E4M3 scales."""
+    mo = tmp_path / "mo"
+    ok("quantize", os.path.join(FIXTURES, "qwen3"), "-o", mo, "--export", "modelopt")
+    out = tmp_path / "m.gguf"
+    ok("convert", mo, "--to", "gguf", "-o", out)
+    _, tensors = tensors_of(str(out))
+    src = load_all(str(mo))
+    layers = [n[: -len(".weight_scale_2")] for n in src if n.endswith(".weight_scale_2")]
+    assert layers
+    for m in layers:
+        name, _ = gguf_name("qwen3", m + ".weight")
+        codes, scales = unpack_ggml(np.asarray(tensors[name].data), "nvfp4")
+        assert np.array_equal(codes, src[m + ".weight"].view(np.uint8)), m
+        assert np.array_equal(scales, src[m + ".weight_scale"].view(np.uint8)), m
+        s = np.asarray(tensors[name.replace(".weight", ".scale")].data, np.float32)
+        assert s.view(np.uint32)[0] == np.float32(src[m + ".weight_scale_2"]).view(np.uint32), m
