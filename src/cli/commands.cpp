@@ -119,6 +119,15 @@ QuantSpec spec_from_format(const std::string& f) {
   return s;
 }
 
+// "compressed-tensors, modelopt, mlx or gguf": the layouts' names, as the library lists them.
+std::string layout_names() {
+  const std::vector<io::Convention> all = io::conventions();
+  std::string out;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + std::string(io::name(all[i]));
+  return out;
+}
+
 // --split-max-size: bytes, or a number with K, M or G (powers of 1000, as llama.cpp's gguf-split).
 std::uint64_t size_from_text(const std::string& text) {
   std::size_t used = 0;
@@ -245,8 +254,9 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     c->add_option("-o,--output", o->out, "output directory (a .gguf file for --export gguf)")->required();
     c->add_option("--format", o->format, "nvfp4, mxfp4, mxfp8, affine4 or affine8")->capture_default_str();
     c->add_option("--export", o->to,
-                  "compressed-tensors, modelopt, mlx or gguf (llama.cpp; nvfp4 and mxfp4) (default: "
-                  "compressed-tensors for nvfp4/mxfp4, mlx otherwise)");
+                  layout_names() +
+                      " (default: "
+                      "compressed-tensors for nvfp4/mxfp4, mlx otherwise)");
     c->add_option("--split-max-size", o->split_size,
                   "gguf: split the file into llama.cpp's NAME-0000i-of-0000n.gguf files of at most this size "
                   "(2G, 500M, bytes)");
@@ -419,7 +429,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                                      "(same quantized bytes)");
     c->add_option("MODEL_DIR", o->in, "quantized model directory or .safetensors file")->required();
     c->add_option("-o,--output", o->out, "output directory (a .gguf file for --to gguf)")->required();
-    c->add_option("--to", o->to, "compressed-tensors, modelopt, mlx or gguf")->required();
+    c->add_option("--to", o->to, layout_names())->required();
     c->add_option("--split-max-size", o->split_size,
                   "gguf: split the file into llama.cpp's NAME-0000i-of-0000n.gguf files of at most this size "
                   "(2G, 500M, bytes)");

@@ -5,7 +5,6 @@
 #include <set>
 
 #include "io/experts.hpp"
-#include "io/gguf_import.hpp"
 #include "io/source_gptoss.hpp"
 #include "io/weight_rules.hpp"
 #include "io/write_pipeline.hpp"
@@ -177,7 +176,7 @@ void keep_fp8_groups(const Detected& det, QuantMeta& meta) {
 // ---- dequantize
 
 Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const DequantizeOptions& opt) {
-  if (is_gguf_file(in_path)) return dequantize_gguf(in_path, out, opt);
+  if (const LayoutOps::FileReader* r = file_reader_for(in_path)) return r->dequantize(in_path, out, opt);
   if (opt.dtype && !is_float(*opt.dtype))
     throw Error(std::string("dequantize: output dtype must be a float type, got ") + dtype_name(*opt.dtype));
   if (opt.nonfinite == NonFinite::saturate)
@@ -232,7 +231,7 @@ Report dequantize_checkpoint(const fs::path& in_path, const fs::path& out, const
 // ---- convert
 
 Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const ConvertOptions& opt) {
-  if (is_gguf_file(in_path)) return convert_gguf(in_path, out, opt);
+  if (const LayoutOps::FileReader* r = file_reader_for(in_path)) return r->convert(in_path, out, opt);
   const Input in = open_complete(in_path);
   Detected det = detect(in.ck, in.config);
   check_unsupported(det);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <map>
 
-#include "io/gguf_import.hpp"
 #include "io/layout.hpp"
 #include "io/staging.hpp"
 #include "io/tensor_values.hpp"
@@ -153,7 +152,7 @@ void describe_groups(const Detected& det, const Checkpoint& ck, InspectResult& r
 }  // namespace
 
 InspectResult inspect_checkpoint(const fs::path& path, bool stats, const ProgressFn& progress) {
-  if (is_gguf_file(path)) return inspect_gguf(path);
+  if (const LayoutOps::FileReader* r = file_reader_for(path)) return r->inspect(path);
   const Input in = open_complete(path);
   const Detected det = detect(in.ck, in.config);
   InspectResult res;

@@ -44,6 +44,12 @@ std::span<const LayoutOps* const> layouts() {
   return all;
 }
 
+const LayoutOps::FileReader* file_reader_for(const fs::path& path) {
+  for (const LayoutOps* l : layouts())
+    if (l->file_reader && l->file_reader->is_file(path)) return l->file_reader;
+  return nullptr;
+}
+
 const LayoutOps& layout(Convention c) {
   for (const LayoutOps* l : layouts())
     if (l->convention == c) return *l;

@@ -87,6 +87,15 @@ struct LayoutOps {
   bool keeps_fp8_groups = false;
   // The modes its layers can be stored in.
   std::span<const Mode> modes = kFp4Modes;
+  // Reads a file of the layout's own format back (GGUF); null for the safetensors layouts, which
+  // detection finds in any checkpoint.
+  struct FileReader {
+    bool (*is_file)(const fs::path& path);  // the path is one of its files (by content)
+    InspectResult (*inspect)(const fs::path& path);
+    Report (*dequantize)(const fs::path& path, const fs::path& out, const DequantizeOptions& opt);
+    Report (*convert)(const fs::path& path, const fs::path& out, const ConvertOptions& opt);
+  };
+  const FileReader* file_reader = nullptr;
 
   bool holds(Mode m) const { return std::find(modes.begin(), modes.end(), m) != modes.end(); }
 };
@@ -97,6 +106,8 @@ extern const LayoutOps kCompressedTensorsLayout, kModelOptLayout, kMlxLayout, kG
 extern const ScaleConvention kDecodeFactor;
 std::span<const LayoutOps* const> layouts();
 const LayoutOps& layout(Convention c);
+// The reader of the layout whose own file `path` is (GGUF), or null (a safetensors checkpoint).
+const LayoutOps::FileReader* file_reader_for(const fs::path& path);
 // The layout a quantize without --export writes `m` to: the first in layouts() that holds it.
 const LayoutOps& default_layout(Mode m);
 // "a or b" / "a, b or c" over the layouts with `flag` set (all with null), by name or by title.

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "io/gguf_blocks.hpp"
+#include "io/gguf_import.hpp"
 #include "io/layout.hpp"
 #include "io/write_pipeline.hpp"
 
@@ -106,6 +107,8 @@ void emit_gguf(const Layer& l, std::vector<Out>& out) {
   }
 }
 
+constinit const LayoutOps::FileReader kGgufReader{is_gguf_file, inspect_gguf, dequantize_gguf, convert_gguf};
+
 }  // namespace
 
 constinit const LayoutOps kGgufLayout{
@@ -130,6 +133,7 @@ constinit const LayoutOps kGgufLayout{
     .write_file = write_gguf,
     .keeps_fp8_groups = false,  // GGUF has no FP8 type: FP8 groups are written as BF16
     .modes = kFp4Modes,
+    .file_reader = &kGgufReader,
 };
 
 }  // namespace microscale::io::ck
