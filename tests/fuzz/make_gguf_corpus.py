@@ -148,9 +148,13 @@ def bad():
                                                      ("blk.0.ffn_up.scale", np.ones(1, np.float16))]),
         "unknown_arch": write("mamba", base_kvs(), [emb]),
         "no_block_count": write("llama", [], [emb]),
-        "huge_block_count": write("llama", [("add_block_count", 2**32 - 1)], [emb]),
+        # Names were made for every block up front: 4 billion blocks' worth (a fuzz timeout).
+        "huge_block_count": write("llama", base_kvs(blocks=2**32 - 1), [emb, ("blk.3.ffn_up.weight",
+                                                                           nvfp4_blocks(FF, HIDDEN), T.NVFP4)]),
+        # Rows that are not whole heads: two rows were left unwritten (zeros) by the q/k regrouping.
         "heads_not_dividing": write("llama", base_kvs(heads=3, kv_heads=3),
                                     [emb, ("blk.0.attn_k.weight", nvfp4_blocks(32, HIDDEN), T.NVFP4)]),
+        # inspect dereferenced an empty optional for a type without a safetensors dtype.
         "q8_0": write("qwen3", base_kvs(), [emb, ("blk.0.ffn_up.weight",
                                                   np.zeros((FF, HIDDEN // 32 * 34), np.uint8), T.Q8_0)]),
         "foreign_tensor": write("llama", base_kvs(), [emb, ("blk.0.something.weight", floats((4,)))]),

@@ -35,8 +35,10 @@ if ! probe; then
   probe || { echo "run.sh: $cxx still cannot build a libFuzzer target" >&2; exit 1; }
 fi
 
+# libstdc++'s assertions catch what the sanitizers let pass: an empty std::optional dereferenced,
+# an out-of-range operator[] inside a vector's capacity.
 flags=(-std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I"$root/include" -I"$root/src")
+       -D_GLIBCXX_ASSERTIONS -I"$root/include" -I"$root/src")
 
 build_safetensors() {
   "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_safetensors.cpp" \
@@ -52,7 +54,7 @@ build_library() {
   # x86 that target is SSE4 rather than the default emulated 128-bit one, which clang takes ten
   # minutes to instrument in src/cpu/quantize.cpp alone (15 s as SSE4). -O1 with line tables only
   # (enough for the reports' file:line) compiles about a tenth faster than -O2 -g.
-  local lib="$work/lib" gen=() launcher=() static="-DHWY_COMPILE_ONLY_STATIC=1"
+  local lib="$work/lib" gen=() launcher=() static="-DHWY_COMPILE_ONLY_STATIC=1 -D_GLIBCXX_ASSERTIONS"
   [ "$(uname -m)" != x86_64 ] || static+=" -msse4.2 -mpclmul -maes"
   command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
   command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
