@@ -146,6 +146,10 @@ Model open_model_of(const fs::path& path) {
     if (!n.hf.ends_with(".weight") || ne.size() < 2 || ne.size() > 3)
       throw Error(path.string() + ": " + gguf::name(type) + " tensor " + detail::quote(n.t->info.name) +
                   " is not a 2-D weight or a 3-D stack of experts");
+    // Only a tensor of bytes bounds its expert count (each expert becomes a tensor of the output).
+    if (std::find(ne.begin(), ne.end(), 0) != ne.end())
+      throw Error(std::string(gguf::name(type)) + " tensor " + detail::quote(n.t->info.name) +
+                  " holds no values (a dimension is 0)");
     const Mode mode = type == GgmlType::nvfp4 ? Mode::nvfp4 : Mode::mxfp4;
     const std::int64_t experts = ne.size() == 3 ? ne[2] : 0;
     Layer l;

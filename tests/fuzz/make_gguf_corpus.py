@@ -157,6 +157,9 @@ def bad():
         # inspect dereferenced an empty optional for a type without a safetensors dtype.
         "q8_0": write("qwen3", base_kvs(), [emb, ("blk.0.ffn_up.weight",
                                                   np.zeros((FF, HIDDEN // 32 * 34), np.uint8), T.Q8_0)]),
+        # A stack of 2^40 experts of no rows holds no bytes, yet was split into 2^40 names.
+        "empty_expert_stack": write("qwen3moe", base_kvs() + [("add_expert_count", 2)],
+                                    [emb, ("blk.0.ffn_up_exps.weight", np.zeros((2**40, 0, 36), np.uint8), T.NVFP4)]),
         "foreign_tensor": write("llama", base_kvs(), [emb, ("blk.0.something.weight", floats((4,)))]),
     }
 

@@ -83,3 +83,11 @@ def test_inspect_shows_q8_0_tensors(tmp_path):
     r = ok("inspect", g)
     assert "Q8_0 ggml blocks" in r.stdout
     refused(("dequantize", g, "-o", tmp_path / "dq"), str(g), "blk.0.ffn_up.weight", "Q8_0")
+
+
+def test_an_empty_expert_stack_is_refused(tmp_path):
+    """2^40 experts of no rows hold no bytes; splitting them per expert ran out of memory."""
+    g = write(tmp_path / "m.gguf", arch="qwen3moe",
+              tensors=[("blk.0.ffn_up_exps.weight", np.zeros((2**40, 0, 36), np.uint8), T.NVFP4)])
+    refused(("dequantize", g, "-o", tmp_path / "dq"), str(g), "blk.0.ffn_up_exps.weight", "no values")
+    assert not os.path.exists(tmp_path / "dq")
