@@ -83,7 +83,7 @@ for t in $targets; do
     safetensors) seeds="$root/tests/fuzz/corpus"; extra=(-dict="$root/tests/fuzz/safetensors.dict") ;;
     checkpoint) seeds="$root/tests/fuzz/corpus_checkpoint"; extra=() ;;
     # Its seeds hold whole GGUF files and tokenizer.json texts of several KB.
-    gguf) seeds="$root/tests/fuzz/corpus_gguf"; extra=(); max_len=16384 ;;
+    gguf) seeds="$root/tests/fuzz/corpus_gguf"; extra=(-dict="$root/tests/fuzz/gguf.dict"); max_len=16384 ;;
     *) echo "run.sh: unknown fuzz target '$t' (safetensors, checkpoint, gguf)" >&2; exit 2 ;;
   esac
   echo "=== fuzz_$t: build" >&2
