@@ -109,7 +109,7 @@ for target in $("$PYTHON" -c "import microscale; print(' '.join(microscale.avail
     --gtest_filter='QuantizedMatmul.*:Qqmm.*:GatherQmm.*:Threads.*'
 done
 
-step "fuzz the safetensors parser and the checkpoint layer (libFuzzer, 30 s each over the seed corpora)"
+step "fuzz the safetensors parser, the checkpoint layer and GGUF reading and export (libFuzzer, 30 s each over the seed corpora)"
 # A fixed seed makes this a repeatable smoke run (the same mutations in the same order on every
 # machine, so a finding reproduces); open-ended fuzzing with random seeds is run.sh without it.
 bash tests/fuzz/run.sh 30 -seed=1

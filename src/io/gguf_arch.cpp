@@ -690,8 +690,16 @@ std::optional<TensorRule> tensor_rule(const ArchPlan& a, std::string_view n) {
   if (s->family == Family::llama && (leaf == Leaf::weight || leaf == Leaf::bias)) {
     const std::uint32_t heads = kv_value(a, "attention.head_count");
     const std::uint32_t kv_heads = kv_value(a, "attention.head_count_kv");
-    if (base.ends_with(".attn_q")) r.permute_heads = static_cast<int>(heads);
-    if (base.ends_with(".attn_k")) r.permute_heads = static_cast<int>(kv_heads != 0 ? kv_heads : heads);
+    // Head counts past int's range would turn negative and leave the rows unpermuted.
+    const auto head_count = [&](std::uint32_t v, const char* key) {
+      if (v > static_cast<std::uint32_t>(std::numeric_limits<int>::max()))
+        throw Error(a.arch + "." + key + " = " + std::to_string(v) + " is not a head count");
+      return static_cast<int>(v);
+    };
+    if (base.ends_with(".attn_q")) r.permute_heads = head_count(heads, "attention.head_count");
+    if (base.ends_with(".attn_k"))
+      r.permute_heads =
+          kv_heads != 0 ? head_count(kv_heads, "attention.head_count_kv") : head_count(heads, "attention.head_count");
   }
   return r;
 }

@@ -4,6 +4,7 @@
 // plus config.json, written through Staging like every other output.
 #include "io/gguf_import.hpp"
 
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -64,7 +65,31 @@ std::vector<float> f32_values(const Named& n) {
   return v;
 }
 
-Model open_model(const fs::path& path) {
+// The block index of "blk.<N>.<...>", or nullopt for other names.
+std::optional<std::uint64_t> block_index(std::string_view name) {
+  constexpr std::string_view kBlk = "blk.";
+  if (!name.starts_with(kBlk)) return std::nullopt;
+  std::uint64_t n = 0;
+  const char* end = name.data() + name.size();
+  const auto [p, ec] = std::from_chars(name.data() + kBlk.size(), end, n);
+  if (ec != std::errc() || p == end || *p != '.') return std::nullopt;
+  return n;
+}
+
+// llama.cpp's q/k row order can be undone only on whole heads of an even size, as the export
+// requires of them; anything else would leave rows out of place (or unwritten).
+void check_permutable(const Named& n) {
+  const int heads = n.rule.permute_heads;
+  if (heads == 0) return;
+  const std::vector<std::int64_t>& ne = n.t->info.ne;
+  if (ne.size() > 2 || ne.back() % (2 * static_cast<std::int64_t>(heads)) != 0)
+    throw Error("GGUF tensor " + detail::quote(n.t->info.name) + " has " + std::to_string(ne.back()) + " rows, not " +
+                std::to_string(heads) +
+                " heads of an even size, which llama.cpp's rotary row order needs (check the attention.head_count" +
+                (n.t->info.name.find("attn_k") != std::string::npos ? "_kv" : "") + " key)");
+}
+
+Model open_model_of(const fs::path& path) {
   Model m{gguf::GgufFile::open(path), {}, {}, {}, {}, {}};
   const gguf::GgufFile& f = m.file;
   if (const gguf::Kv* count = f.find("split.count"); count && count->value.is_number() && count->value.get<int>() > 1)
@@ -78,10 +103,29 @@ Model open_model(const fs::path& path) {
   const gguf::GgufTensor* embd = f.tensor("token_embd.weight");
   if (!embd || embd->info.ne.size() != 2) throw Error(path.string() + ": no 2-D token_embd.weight tensor");
   m.config = gguf::hf_config(f.kvs(), embd->info.ne[1], f.tensor("output.weight") != nullptr);
-  m.plan = gguf::arch_plan(m.config);
+  try {
+    m.plan = gguf::arch_plan(m.config);
+  } catch (const Error& e) {
+    throw Error(std::string("the config rebuilt from its ") + a + ".* keys: " + e.what());
+  }
+  // Names only for the blocks the file has tensors of (block 0's names renumbered): block_count
+  // and the numbers in tensor names may be anything up to 2^64.
+  const auto block_count = blocks->value.get<std::uint64_t>();
+  std::set<std::uint64_t> present;
+  for (const gguf::GgufTensor& t : f.tensors())
+    if (const std::optional<std::uint64_t> b = block_index(t.info.name); b && *b < block_count) present.insert(*b);
   std::map<std::string, std::pair<std::string, gguf::TensorRule>> reverse;
-  for (const std::string& hf : gguf::hf_names(m.plan, blocks->value.get<std::int64_t>()))
+  const auto map_name = [&](const std::string& hf) {
     if (std::optional<gguf::TensorRule> r = gguf::tensor_rule(m.plan, hf); r && !r->skip) reverse[r->name] = {hf, *r};
+  };
+  constexpr std::string_view kLayer0 = "model.layers.0.";
+  for (const std::string& hf : gguf::hf_names(m.plan, 1)) {
+    if (!hf.starts_with(kLayer0)) {
+      map_name(hf);
+      continue;
+    }
+    for (std::uint64_t b : present) map_name("model.layers." + std::to_string(b) + "." + hf.substr(kLayer0.size()));
+  }
   std::set<std::string> computed;
   for (const gguf::ExtraTensor& x : m.plan.extra_tensors) computed.insert(x.name);
   for (const gguf::GgufTensor& t : f.tensors()) {
@@ -91,6 +135,7 @@ Model open_model(const fs::path& path) {
       throw Error(path.string() + ": GGUF tensor " + detail::quote(t.info.name) +
                   " has no transformers counterpart in " + m.plan.hf_type + " here");
     m.named.push_back({&t, r->second.first, r->second.second});
+    check_permutable(m.named.back());
   }
   for (const Named& n : m.named) m.by_hf[n.hf] = &n;
   for (const Named& n : m.named) {
@@ -101,6 +146,10 @@ Model open_model(const fs::path& path) {
     if (!n.hf.ends_with(".weight") || ne.size() < 2 || ne.size() > 3)
       throw Error(path.string() + ": " + gguf::name(type) + " tensor " + detail::quote(n.t->info.name) +
                   " is not a 2-D weight or a 3-D stack of experts");
+    // Only a tensor of bytes bounds its expert count (each expert becomes a tensor of the output).
+    if (std::find(ne.begin(), ne.end(), 0) != ne.end())
+      throw Error(std::string(gguf::name(type)) + " tensor " + detail::quote(n.t->info.name) +
+                  " holds no values (a dimension is 0)");
     const Mode mode = type == GgmlType::nvfp4 ? Mode::nvfp4 : Mode::mxfp4;
     const std::int64_t experts = ne.size() == 3 ? ne[2] : 0;
     Layer l;
@@ -135,6 +184,16 @@ Model open_model(const fs::path& path) {
     m.layers.push_back({std::move(l), &n});
   }
   return m;
+}
+
+// Every error of reading a GGUF names the file.
+Model open_model(const fs::path& path) {
+  try {
+    return open_model_of(path);
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).starts_with(path.string() + ":")) throw;
+    throw Error(path.string() + ": " + e.what());
+  }
 }
 
 // The codes and scales of a layer, out of ggml's blocks and back into transformers' row order.
@@ -348,9 +407,11 @@ InspectResult inspect_gguf(const fs::path& in) {
     r.name = n.t->info.name;
     r.dtype = gguf::name(n.t->info.type);
     r.shape = hf_shape(n.t->info);
-    r.format = n.t->info.type == GgmlType::nvfp4 || n.t->info.type == GgmlType::mxfp4
-                   ? std::string(n.t->info.type == GgmlType::nvfp4 ? "nvfp4" : "mxfp4") + " ggml blocks"
-                   : std::string(st_dtype_name(*st_float(n.t->info.type)));
+    const GgmlType type = n.t->info.type;
+    r.format = type == GgmlType::nvfp4   ? "nvfp4 ggml blocks"
+               : type == GgmlType::mxfp4 ? "mxfp4 ggml blocks"
+               : st_float(type)          ? std::string(st_dtype_name(*st_float(type)))
+                                         : std::string(gguf::name(type)) + " ggml blocks";
     r.detail = n.hf;
     if (n.t->info.name.ends_with(".scale")) {
       const std::vector<float> v = f32_values(n);
