@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include "io/gguf_blocks.hpp"
 #include "io/gguf_file.hpp"
 #include "io/model_dir.hpp"
+#include "io/source_gptoss.hpp"
 #include "io/write_pipeline.hpp"
 
 namespace microscale::io::ck {
@@ -256,7 +258,9 @@ std::vector<std::byte> load_plain(const Named& n, StDType dt) {
 std::vector<Layer> output_layers(const Layer& l, bool keep_stacked, const Json& config) {
   if (!l.experts || keep_stacked) return {l};
   std::vector<Layer> out;
-  const std::vector<std::string> names = per_expert_outputs(l.module, l.experts, config);
+  std::vector<std::string> names = per_expert_outputs(l.module, l.experts, config);
+  if (names.empty() && is_gptoss(config))  // llm-compressor's linearized experts: "<p>.experts.<e>.<proj>"
+    for (std::int64_t e = 0; e < l.experts; ++e) names.push_back(gptoss_expert_name(l.module, e) + ".weight");
   if (names.empty()) layer_error(l.module, "stacked experts with no per-expert form in transformers");
   const auto e_count = static_cast<std::size_t>(l.experts);
   for (std::size_t e = 0; e < e_count; ++e) {
@@ -285,6 +289,10 @@ Report write_model(const fs::path& in, const Model& m, const fs::path& out, bool
   inputs.add("input", in);
   const LayoutOps* lay = to ? &layout(*to) : nullptr;
   const bool keep_stacked = lay && lay->stacked_experts;
+  const DType float_dtype = dtype.value_or(DType::bfloat16);
+  // gpt-oss dequantized goes back into transformers' stacks: gate and up interleaved into
+  // gate_up_proj [E, K, 2N], down_proj [E, K, N], their biases alike.
+  const bool merge_gptoss = !lay && is_gptoss(m.config);
   std::set<const Named*> in_layers;
   for (const QLayer& q : m.layers) {
     in_layers.insert(q.weight);
@@ -293,12 +301,39 @@ Report write_model(const fs::path& in, const Model& m, const fs::path& out, bool
         if (n.t->info.name == s.tensor) in_layers.insert(&n);
   }
   std::vector<StEntry> entries;
-  std::deque<Layer> skeletons;                               // meta.layers points into it
-  std::vector<std::pair<const QLayer*, const Named*>> work;  // a layer, or a plain tensor
+  std::deque<Layer> skeletons;  // meta.layers points into it
+  std::vector<std::function<void(SafetensorsWriter&)>> work;
   QuantMeta meta;
+  auto add_report = [&](std::string name, TensorAction action, std::string format, Shape shape, std::uint64_t bytes) {
+    TensorReport r;
+    r.name = std::move(name);
+    r.action = action;
+    r.format = std::move(format);
+    r.shape = std::move(shape);
+    r.bytes_in = bytes;
+    report.tensors.push_back(std::move(r));
+  };
+
+  // gpt-oss's merged stacks: name -> (its parts in column order, experts, rows, cols of a part).
+  struct Merged {
+    std::vector<const Named*> parts;
+    bool layer = false;
+  };
+  std::map<std::string, Merged> merged;
+  std::vector<std::string> merged_order;
   for (const Named& n : m.named) {
     if (in_layers.count(&n) && n.t->info.type != GgmlType::nvfp4 && n.t->info.type != GgmlType::mxfp4) continue;
     const auto q = std::find_if(m.layers.begin(), m.layers.end(), [&](const QLayer& x) { return x.weight == &n; });
+    const std::optional<MergedName> to_stack =
+        merge_gptoss ? gptoss_merged(q != m.layers.end() ? q->skel.module : n.hf) : std::nullopt;
+    if (to_stack) {
+      Merged& g = merged[to_stack->name];
+      if (g.parts.empty()) merged_order.push_back(to_stack->name);
+      g.parts.resize(static_cast<std::size_t>(to_stack->parts));
+      g.parts[static_cast<std::size_t>(to_stack->part)] = &n;
+      g.layer = q != m.layers.end();
+      continue;
+    }
     if (q != m.layers.end()) {
       for (Layer& l : output_layers(q->skel, keep_stacked, m.config)) {
         if (lay) {
@@ -306,18 +341,76 @@ Report write_model(const fs::path& in, const Model& m, const fs::path& out, bool
           skeletons.push_back(std::move(l));
           meta.layers.push_back(&skeletons.back());
         } else {
-          entries.push_back({l.module + ".weight", to_st_dtype(dtype.value_or(DType::bfloat16)), l.shape});
+          entries.push_back({l.module + ".weight", to_st_dtype(float_dtype), l.shape});
         }
       }
-      work.emplace_back(&*q, nullptr);
+      work.push_back([&, qp = &*q](SafetensorsWriter& w) {
+        LayerData d;
+        const Layer whole = load_layer(*qp, d);
+        for (const Layer& l : output_layers(whole, keep_stacked, m.config)) {
+          if (lay)
+            for (const Out& o : emit(l, *to)) w.write(o.entry.name, o.bytes());
+          else
+            w.write_tensor(l.module + ".weight", dequantize_layer(l, float_dtype));
+          add_report(l.module, lay ? TensorAction::converted : TensorAction::dequantized, name(l.format.mode),
+                     l.stored(l.cols()), qp->weight->t->data.size());
+        }
+      });
       continue;
     }
     const std::optional<StDType> st = st_float(n.t->info.type);
     if (!st)
       throw Error(in.string() + ": GGUF tensor " + detail::quote(n.t->info.name) + " is " + gguf::name(n.t->info.type) +
                   "; only NVFP4, MXFP4 and float tensors are read here");
-    entries.push_back({n.hf, *st, hf_shape(n.t->info)});
-    work.emplace_back(nullptr, &n);
+    const Shape shape = hf_shape(n.t->info);
+    // gpt-oss's expert biases [E, N] for the layouts that hold experts one by one: one [N] each.
+    if (!keep_stacked && lay && is_gptoss(m.config) && shape.size() == 2 && n.hf.ends_with(".bias") &&
+        n.hf.find(".experts.") != std::string::npos) {
+      for (std::int64_t e = 0; e < shape[0]; ++e) entries.push_back({gptoss_expert_name(n.hf, e), *st, {shape[1]}});
+      work.push_back([&, np = &n, dt = *st, shape](SafetensorsWriter& w) {
+        const std::vector<std::byte> v = load_plain(*np, dt);
+        const std::size_t row = v.size() / static_cast<std::size_t>(shape[0]);
+        for (std::int64_t e = 0; e < shape[0]; ++e)
+          w.write(gptoss_expert_name(np->hf, e), {v.data() + static_cast<std::size_t>(e) * row, row});
+        add_report(np->hf, TensorAction::copied, st_dtype_name(dt), shape, v.size());
+      });
+      continue;
+    }
+    entries.push_back({n.hf, *st, shape});
+    work.push_back([&, np = &n, dt = *st, shape](SafetensorsWriter& w) {
+      w.write(np->hf, load_plain(*np, dt));
+      add_report(np->hf, TensorAction::copied, st_dtype_name(dt), shape, np->t->data.size());
+    });
+  }
+  for (const std::string& name_ : merged_order) {
+    const Merged& g = merged[name_];
+    for (const Named* p : g.parts)
+      if (!p) throw Error(in.string() + ": gpt-oss's " + detail::quote(name_) + " is missing a part (gate or up)");
+    const Shape part = hf_shape(g.parts[0]->t->info);  // [E, N, K] of a layer, [E, N] of a bias
+    const auto count = static_cast<std::int64_t>(g.parts.size());
+    const std::int64_t experts = part[0], rows = part[1], cols = g.layer ? part.at(2) : 1;
+    for (const Named* p : g.parts)
+      if (hf_shape(p->t->info) != part)
+        throw Error(in.string() + ": gpt-oss's parts of " + detail::quote(name_) + " differ in shape");
+    const StDType out_dt = g.layer ? to_st_dtype(float_dtype) : *st_float(g.parts[0]->t->info.type);
+    entries.push_back({name_, out_dt, g.layer ? Shape{experts, cols, count * rows} : Shape{experts, count * rows}});
+    work.push_back([&, np = &name_, gp = &g, experts, rows, cols, out_dt](SafetensorsWriter& w) {
+      std::vector<std::vector<std::byte>> values;
+      for (const Named* p : gp->parts) {
+        if (gp->layer) {
+          const QLayer& q =
+              *std::find_if(m.layers.begin(), m.layers.end(), [&](const QLayer& x) { return x.weight == p; });
+          LayerData d;
+          const Tensor y = dequantize_layer(load_layer(q, d), float_dtype);
+          values.emplace_back(y.bytes(), y.bytes() + y.nbytes());
+        } else {
+          values.push_back(load_plain(*p, out_dt));
+        }
+      }
+      std::vector<std::span<const std::byte>> spans(values.begin(), values.end());
+      w.write(*np, merge_columns(spans, experts, rows, cols, st_dtype_bits(out_dt) / 8));
+      add_report(*np, gp->layer ? TensorAction::dequantized : TensorAction::copied, st_dtype_name(out_dt), {}, 0);
+    });
   }
   Json config = m.config;
   Staging st(inputs, out, force);
@@ -325,34 +418,8 @@ Report write_model(const fs::path& in, const Model& m, const fs::path& out, bool
     SafetensorsWriter w(st.dir() / "model.safetensors", entries);
     Progress pr;
     pr.total = work.size();
-    for (const auto& [q, plain] : work) {
-      if (plain) {
-        w.write(plain->hf, load_plain(*plain, *st_float(plain->t->info.type)));
-        TensorReport r;
-        r.name = plain->hf;
-        r.action = TensorAction::copied;
-        r.format = st_dtype_name(*st_float(plain->t->info.type));
-        r.shape = hf_shape(plain->t->info);
-        report.tensors.push_back(std::move(r));
-      } else {
-        LayerData d;
-        const Layer whole = load_layer(*q, d);
-        for (const Layer& l : output_layers(whole, keep_stacked, m.config)) {
-          TensorReport r;
-          r.name = l.module;
-          r.format = name(l.format.mode);
-          r.shape = l.stored(l.cols());
-          r.bytes_in = q->weight->t->data.size();
-          if (lay) {
-            r.action = TensorAction::converted;
-            for (const Out& o : emit(l, *to)) w.write(o.entry.name, o.bytes());
-          } else {
-            r.action = TensorAction::dequantized;
-            w.write_tensor(l.module + ".weight", dequantize_layer(l, dtype.value_or(DType::bfloat16)));
-          }
-          report.tensors.push_back(std::move(r));
-        }
-      }
+    for (const auto& item : work) {
+      item(w);
       m.file.check_unchanged();
       ++pr.done;
       if (progress) progress(pr);
@@ -360,7 +427,7 @@ Report write_model(const fs::path& in, const Model& m, const fs::path& out, bool
     w.finish();
   }
   Json hf = apply_config(config, to, meta);
-  if (!to) config["torch_dtype"] = dtype_name(dtype.value_or(DType::bfloat16));
+  if (!to) config["torch_dtype"] = dtype_name(float_dtype);
   if (!hf.is_null()) write_text_atomic(st.dir() / "hf_quant_config.json", hf.dump(2) + "\n");
   write_text_atomic(st.dir() / "config.json", config.dump(2) + "\n");
   report.notes.push_back(

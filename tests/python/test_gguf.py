@@ -561,3 +561,31 @@ def test_modelopt_to_gguf_moves_the_bytes(exports, tmp_path):
         assert np.array_equal(scales, src[m + ".weight_scale"].view(np.uint8)), m
         s = np.asarray(tensors[name.replace(".weight", ".scale")].data, np.float32)
         assert s.view(np.uint32)[0] == np.float32(src[m + ".weight_scale_2"]).view(np.uint32), m
+
+
+def test_gptoss_reads_back(tmp_path):
+    """A gpt-oss GGUF: dequantize gives transformers' stacks (gate and up interleaved back into
+    gate_up_proj) with the values of the MLX export of the same weights, and convert --to mlx gives
+    that export's bytes; --to compressed-tensors writes llm-compressor's per-expert Linears."""
+    fx = os.path.join(FIXTURES, "gpt_oss")
+    g, mlx = tmp_path / "g.gguf", tmp_path / "mlx"
+    ok("quantize", fx, "-o", g, "--export", "gguf", "--format", "mxfp4", "--scale-rule", "ceil")
+    ok("quantize", fx, "-o", mlx, "--export", "mlx", "--format", "mxfp4", "--scale-rule", "ceil")
+    ok("dequantize", g, "-o", tmp_path / "dg", "--dtype", "float32")
+    ok("dequantize", mlx, "-o", tmp_path / "dm", "--dtype", "float32")
+    a, b = load_all(str(tmp_path / "dg")), load_all(str(tmp_path / "dm"))
+    assert set(a) == set(b) and "model.layers.0.mlp.experts.gate_up_proj" in a
+    for n in b:
+        assert np.array_equal(a[n].astype(np.float32), b[n].astype(np.float32)), n
+    ok("convert", g, "--to", "mlx", "-o", tmp_path / "m2")
+    c, d = load_all(str(mlx)), load_all(str(tmp_path / "m2"))
+    assert set(c) == set(d)
+    for n in c:
+        if c[n].dtype == d[n].dtype:
+            assert np.array_equal(c[n].view(np.uint8), d[n].view(np.uint8)), n
+        else:  # norms and biases come back as GGUF's F32: the same values
+            assert np.array_equal(c[n].astype(np.float32), d[n].astype(np.float32)), n
+    ok("convert", g, "--to", "compressed-tensors", "-o", tmp_path / "ct")
+    e = load_all(str(tmp_path / "ct"))
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight_packed" in e
+    assert e["model.layers.0.mlp.experts.3.gate_proj.bias"].shape == (64,)
