@@ -46,7 +46,8 @@ MOE_ROUTING_FLIPS = 1  # positions of a mixture of experts allowed past the boun
 N_TOKENS = 16
 # llama.cpp 0.3.36's graphs that ignore the FFN's nvfp4 .scale tensors (build_ffn called with NULL
 # scales): any nvfp4 GGUF of these runs its FFN unscaled, llama.cpp's converter's too.
-FFN_SCALE_IGNORED = {"qwen2": "qwen2.cpp", "gemma2": "gemma2.cpp", "gemma3": "gemma3.cpp", "phi3": "phi3.cpp"}
+FFN_SCALE_IGNORED = {"qwen2": "qwen2.cpp", "gemma2": "gemma2.cpp", "gemma3": "gemma3.cpp", "phi3": "phi3.cpp",
+                     "gpt-oss": "openai-moe.cpp"}
 FORMATS = ("nvfp4", "mxfp4")
 
 
@@ -249,7 +250,7 @@ def check_fixture(cli, fixture, work, llama_dir, rows):
         gguf_arch = gguf_fields(direct[fmt])["general.architecture"]
         if not ok and fmt == "nvfp4" and gguf_arch in FFN_SCALE_IGNORED:
             status = "KNOWN"
-            note = (f"llama.cpp's {gguf_arch} graph passes no .scale tensors to build_ffn "
+            note = (f"llama.cpp's {gguf_arch} graph passes no .scale tensors to build_ffn / build_moe_ffn "
                     f"(src/models/{FFN_SCALE_IGNORED[gguf_arch]}), so its nvfp4 FFN output is amax/2688 too large; " + note)
         rows.append((arch, f"{fmt} (microscale)", c, status, note))
         try:

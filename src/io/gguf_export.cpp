@@ -227,9 +227,10 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
     extras.emplace_back(std::move(t), &x);
   }
 
-  // llama.cpp 0.3.36's graphs of these architectures call build_ffn without the feed-forward's
-  // scale tensors (src/models/<arch>.cpp), so an NVFP4 FFN runs amax/2688 times off there.
-  constexpr std::string_view kFfnScaleUnapplied[] = {"qwen2", "gemma2", "gemma3", "phi3"};
+  // llama.cpp 0.3.36's graphs of these architectures call build_ffn (gpt-oss: build_moe_ffn)
+  // without the feed-forward's scale tensors (src/models/<arch>.cpp, gpt-oss's openai-moe.cpp),
+  // so an NVFP4 FFN runs amax/2688 times off there.
+  constexpr std::string_view kFfnScaleUnapplied[] = {"qwen2", "gemma2", "gemma3", "phi3", "gpt-oss"};
   const bool nvfp4_ffn = std::any_of(nvfp4_weights.begin(), nvfp4_weights.end(),
                                      [](const std::string& n) { return n.find(".ffn_") != std::string::npos; });
   if (nvfp4_ffn && std::find(std::begin(kFfnScaleUnapplied), std::end(kFfnScaleUnapplied), arch.arch) !=

@@ -535,7 +535,7 @@ def test_every_source_dtype(tmp_path, dtype):
     assert t["token_embd.weight"].tensor_type == want
 
 
-@pytest.mark.parametrize("arch,warned", [("qwen2", True), ("gemma3", True), ("llama", False), ("qwen3", False)])
+@pytest.mark.parametrize("arch,warned", [("qwen2", True), ("gemma3", True), ("gpt_oss", True), ("llama", False), ("qwen3", False)])
 def test_export_warns_where_llama_cpp_drops_the_ffn_scale(tmp_path, arch, warned):
     r = ok("quantize", os.path.join(FIXTURES, arch), "-o", tmp_path / "m.gguf", "--export", "gguf")
     assert ("does not apply the .scale" in r.stdout) == warned
