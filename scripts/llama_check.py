@@ -253,6 +253,11 @@ def check_fixture(cli, fixture, work, llama_dir, rows):
             note = (f"llama.cpp's {gguf_arch} graph passes no .scale tensors to build_ffn / build_moe_ffn "
                     f"(src/models/{FFN_SCALE_IGNORED[gguf_arch]}), so its nvfp4 FFN output is amax/2688 too large; " + note)
         rows.append((arch, f"{fmt} (microscale)", c, status, note))
+        if gguf_arch == "gpt-oss":  # its compressed-tensors export keeps the expert stacks in float
+            rows.append((arch, f"{fmt} convert --to gguf", None, "SKIP",
+                         "the compressed-tensors export keeps gpt-oss's expert stacks in float, which have no GGUF "
+                         "form here (docs/gguf.md); the published MXFP4 checkpoint converts (tests/python/test_gguf.py)"))
+            continue
         try:
             msg, status = roundtrip(cli, fixture, work, fmt, direct[fmt], ids, got), "PASS"
         except Exception as e:

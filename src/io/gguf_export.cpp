@@ -177,6 +177,11 @@ void write_gguf(const Input& in, const fs::path& out, std::vector<Item>& items, 
       const std::string what = it.layer.empty()
                                    ? "tensor " + detail::quote(e.name)
                                    : "quantized layer " + detail::quote(it.layer) + "'s " + detail::quote(e.name);
+      if (!rule && arch.arch == "gpt-oss" && e.name.find(".experts.") != std::string::npos)
+        throw Error(what +
+                    ": gpt-oss's experts go into GGUF from the published MXFP4 checkpoint (convert --to gguf) or "
+                    "from the float release (quantize --export gguf); per-expert Linears and float [experts, in, "
+                    "out] stacks in other layouts have no GGUF form here yet");
       if (!rule)
         throw Error(what + " has no place in llama.cpp's " + arch.arch +
                     " model: its loader would refuse or ignore it. Leave it out of the checkpoint, or export to "
