@@ -154,6 +154,9 @@ def bad():
         # Rows that are not whole heads: two rows were left unwritten (zeros) by the q/k regrouping.
         "heads_not_dividing": write("llama", base_kvs(heads=3, kv_heads=3),
                                     [emb, ("blk.0.attn_k.weight", nvfp4_blocks(32, HIDDEN), T.NVFP4)]),
+        # 2^31 kv heads turned negative as an int: the q/k rows were left unpermuted.
+        "heads_past_int": write("llama", base_kvs(kv_heads=2**31),
+                                [emb, ("blk.0.attn_k.weight", nvfp4_blocks(32, HIDDEN), T.NVFP4)]),
         # inspect dereferenced an empty optional for a type without a safetensors dtype.
         "q8_0": write("qwen3", base_kvs(), [emb, ("blk.0.ffn_up.weight",
                                                   np.zeros((FF, HIDDEN // 32 * 34), np.uint8), T.Q8_0)]),

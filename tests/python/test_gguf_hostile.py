@@ -91,3 +91,12 @@ def test_an_empty_expert_stack_is_refused(tmp_path):
               tensors=[("blk.0.ffn_up_exps.weight", np.zeros((2**40, 0, 36), np.uint8), T.NVFP4)])
     refused(("dequantize", g, "-o", tmp_path / "dq"), str(g), "blk.0.ffn_up_exps.weight", "no values")
     assert not os.path.exists(tmp_path / "dq")
+
+
+def test_a_head_count_past_int_is_refused(tmp_path):
+    """2^31 kv heads turned negative as an int, and the q/k rows were left in llama.cpp's order."""
+    g = write(tmp_path / "m.gguf", heads=2, kv_heads=2**31,
+              tensors=[("blk.0.attn_k.weight", nvfp4(32, HIDDEN), T.NVFP4)])
+    refused(("convert", g, "--to", "compressed-tensors", "-o", tmp_path / "ct"), str(g),
+            "llama.attention.head_count_kv")
+    assert not os.path.exists(tmp_path / "ct")
