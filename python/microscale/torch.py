@@ -35,10 +35,100 @@ from typing import Any, Iterable, Optional, Union
 import numpy as np
 import torch
 
-from . import (OutType, _core, _deliver, _float_input, _global_scale_arg, dequantize, global_scale,
+from . import (OutType, _core, _deliver, _float_input, _global_scale_arg, dequantize, gather_qmm,
                qqmm, quantize, quantized_matmul)
+from . import global_scale as global_scale_of
 
-__all__ = ["FakeQuantize", "fake_quantize", "QuantizedLinear", "QQLinear"]
+__all__ = ["FakeQuantize", "fake_quantize", "QuantizedLinear", "QQLinear", "QuantizedExperts",
+           "from_pretrained", "save_pretrained"]
+
+# ---- torch custom ops (torch.library): the products as operators torch.compile traces through
+# without a graph break, with fake (meta) implementations giving the result's shape and dtype.
+
+_threads_set = 0
+
+
+def _follow_torch_threads() -> None:
+    """microscale's pool takes torch's intra-op thread count, so that the two never together run
+    more threads than torch was told to use (they take turns, op by op)."""
+    global _threads_set
+    n = torch.get_num_threads()
+    if n != _threads_set:
+        from . import set_num_threads
+
+        set_num_threads(n)
+        _threads_set = n
+
+
+def _product_dtype(x: torch.Tensor, scales: torch.Tensor, mode: str) -> torch.dtype:
+    """The result dtype of quantized_matmul / gather_qmm: x's; affine: float32 unless x and the
+    scales share a half dtype."""
+    if mode == "affine" and not (x.dtype == scales.dtype and x.dtype != torch.float32):
+        return torch.float32
+    return x.dtype
+
+
+@torch.library.custom_op("microscale::quantized_matmul", mutates_args=())
+def _quantized_matmul_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+                         biases: Optional[torch.Tensor], bias: Optional[torch.Tensor], mode: str,
+                         group_size: int, bits: int, global_scale: Optional[float],
+                         elem: str) -> torch.Tensor:
+    _follow_torch_threads()
+    y: torch.Tensor = quantized_matmul(x.contiguous(), w, scales, biases, True, mode, group_size,
+                                       bits, global_scale, elem, bias, out_type="torch")
+    return y
+
+
+@_quantized_matmul_op.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, biases: Optional[torch.Tensor],
+      bias: Optional[torch.Tensor], mode: str, group_size: int, bits: int,
+      global_scale: Optional[float], elem: str) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[-2]), dtype=_product_dtype(x, scales, mode))
+
+
+@torch.library.custom_op("microscale::gather_qmm", mutates_args=())
+def _gather_qmm_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+                   biases: Optional[torch.Tensor], lhs_indices: Optional[torch.Tensor],
+                   rhs_indices: Optional[torch.Tensor], mode: str, group_size: int, bits: int,
+                   global_scale: Optional[float], elem: str) -> torch.Tensor:
+    _follow_torch_threads()
+    y: torch.Tensor = gather_qmm(x.contiguous(), w, scales, biases, lhs_indices, rhs_indices, True,
+                                 mode, group_size, bits, global_scale, elem, out_type="torch")
+    return y
+
+
+@_gather_qmm_op.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, biases: Optional[torch.Tensor],
+      lhs_indices: Optional[torch.Tensor], rhs_indices: Optional[torch.Tensor], mode: str,
+      group_size: int, bits: int, global_scale: Optional[float], elem: str) -> torch.Tensor:
+    lhs = lhs_indices.shape if lhs_indices is not None else x.shape[:-2]
+    rhs = rhs_indices.shape if rhs_indices is not None else w.shape[:-2]
+    batch = torch.broadcast_shapes(lhs, rhs)
+    return x.new_empty((*batch, x.shape[-2], w.shape[-2]), dtype=_product_dtype(x, scales, mode))
+
+
+@torch.library.custom_op("microscale::qqmm", mutates_args=())
+def _qqmm_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor],
+             mode: str, group_size: int, bits: int, input_global_scale: Optional[float],
+             global_scale: Optional[float], scale_rule: str, nonfinite: str,
+             elem: str) -> torch.Tensor:
+    _follow_torch_threads()
+    xa = _float_input(x.contiguous(), "x")  # once, for the amax and the product
+    gx = input_global_scale
+    if global_scale is not None and gx is None:
+        gx = float(global_scale_of(xa))  # dynamic per-tensor activation scale
+    y: torch.Tensor = qqmm(xa, w, scales, mode, group_size, bits, gx, global_scale, scale_rule,
+                           nonfinite, elem, bias, out_type="torch")
+    return y
+
+
+@_qqmm_op.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor],
+      mode: str, group_size: int, bits: int, input_global_scale: Optional[float],
+      global_scale: Optional[float], scale_rule: str, nonfinite: str,
+      elem: str) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[-2]))
+
 
 # The byte whose codes are each element format's largest positive value (FP4 packs two codes).
 _MAX_CODE_BYTE = {("nvfp4", "e4m3"): 0x77, ("mxfp4", "e4m3"): 0x77, ("mxfp8", "e4m3"): 0x7E,
@@ -200,10 +290,9 @@ class QuantizedLinear(torch.nn.Module):
         return int(self.weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = quantized_matmul(x, self.weight, self.scales, self.biases, True,
-                                           self.mode, self.group_size, self.bits,
-                                           self.global_scale, self.elem, self.bias,
-                                           out_type="torch")
+        y: torch.Tensor = torch.ops.microscale.quantized_matmul(
+            x, self.weight, self.scales, self.biases, self.bias, self.mode, self.group_size,
+            self.bits, self.global_scale, self.elem)
         return y
 
     def extra_repr(self) -> str:
@@ -285,16 +374,120 @@ class QQLinear(torch.nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xa = _float_input(x, "x")  # once, for the amax and the product
-        gx = None
-        if self.global_scale is not None:
-            gx = self.input_global_scale if self.input_global_scale is not None else global_scale(xa)
-        y: torch.Tensor = qqmm(xa, self.weight, self.scales, self.mode, self.group_size, self.bits,
-                               gx, self.global_scale, self.scale_rule, self.nonfinite, self.elem,
-                               self.bias, out_type="torch")
+        y: torch.Tensor = torch.ops.microscale.qqmm(
+            x, self.weight, self.scales, self.bias, self.mode, self.group_size, self.bits,
+            self.input_global_scale, self.global_scale, self.scale_rule, self.nonfinite, self.elem)
         return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"mode={self.mode!r}, global_scale={self.global_scale}, "
                 f"input_global_scale={self.input_global_scale}")
+
+
+class QuantizedExperts(torch.nn.Module):
+    """The experts of a mixture-of-experts block, each projection a stack ``[E, N, K]`` of
+    quantized weights multiplied through :func:`microscale.gather_qmm`, with the forward signature
+    of transformers' experts modules: ``(hidden_states [T, H], top_k_index [T, k],
+    top_k_weights [T, k]) -> [T, H]``.
+
+    Each stack's buffers are ``{role}_weight``, ``{role}_scales``, ``{role}_biases`` (affine) and
+    ``{role}_global_scales`` (nvfp4 three-level: the amax of each expert) for the roles gate, up
+    and down. Experts quantized with one global scale each are multiplied in two-level form and
+    their outputs scaled by ``amax / 2688`` per expert, which differs from scaling each block's
+    decoded scale only in float32 rounding. ``gate_bias`` / ``up_bias`` / ``down_bias`` ``[E, N]``
+    (gpt-oss) are added to each product. ``activation`` is ``"swiglu"`` (``act(gate) * up``,
+    transformers' default experts) or ``"gpt_oss"`` (its clamped gate with ``alpha`` and
+    ``limit``)."""
+
+    ROLES = ("gate", "up", "down")
+
+    def __init__(self, stacks: dict[str, dict[str, Any]], act_fn: Any = None,
+                 activation: str = "swiglu", alpha: float = 1.702, limit: float = 7.0,
+                 expert_biases: Optional[dict[str, torch.Tensor]] = None) -> None:
+        super().__init__()
+        if activation not in ("swiglu", "gpt_oss"):
+            raise ValueError(f"activation must be 'swiglu' or 'gpt_oss', got {activation!r}")
+        specs = {(s["mode"], s["group_size"], s["bits"], s["elem"]) for s in stacks.values()}
+        if set(stacks) != set(self.ROLES) or len(specs) != 1:
+            raise ValueError("QuantizedExperts: needs gate, up and down stacks of one format")
+        self.mode, self.group_size, self.bits, self.elem = specs.pop()
+        self.activation = activation
+        self.act_fn = act_fn
+        self.alpha = float(alpha)
+        self.limit = float(limit)
+        # One global scale for the whole stack is the exact three-level product; decided here,
+        # not per call, so that torch.compile sees no data-dependent branch.
+        self._stack_amax: dict[str, Optional[float]] = {}
+        self._per_expert_amax: dict[str, bool] = {}
+        for role in self.ROLES:
+            s = stacks[role]
+            amax = s.get("global_scales")
+            uniform = amax is None or bool((amax == amax[0]).all())
+            self._stack_amax[role] = None if amax is None or not uniform else float(amax[0])
+            self._per_expert_amax[role] = not uniform
+            self.register_buffer(f"{role}_weight", s["weight"])
+            self.register_buffer(f"{role}_scales", s["scales"])
+            self.register_buffer(f"{role}_biases", s.get("biases"))
+            self.register_buffer(f"{role}_global_scales", s.get("global_scales"))
+            bias = (expert_biases or {}).get(role)
+            self.register_buffer(f"{role}_bias", bias)
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.gate_weight.shape[0])
+
+    def _project(self, role: str, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """x ``[T, k or 1, 1, K]`` through expert ``index [T, k]`` of one stack: ``[T, k, N]``."""
+        weight, scales = getattr(self, f"{role}_weight"), getattr(self, f"{role}_scales")
+        # x's batch axes [T, 1] or [T, k] broadcast against index [T, k] (gather_qmm's default
+        # lhs_indices), so every token meets each of its k experts.
+        if not self._per_expert_amax[role]:
+            y = torch.ops.microscale.gather_qmm(x, weight, scales, getattr(self, f"{role}_biases"),
+                                                None, index, self.mode, self.group_size, self.bits,
+                                                self._stack_amax[role], self.elem)[:, :, 0, :]
+        else:
+            amax: torch.Tensor = getattr(self, f"{role}_global_scales")
+            y = torch.ops.microscale.gather_qmm(x.float(), weight, scales, None, None, index,
+                                                self.mode, self.group_size, self.bits, None,
+                                                self.elem)[:, :, 0, :]
+            y = (y * (amax / 2688)[index][..., None]).to(x.dtype)
+        bias: Optional[torch.Tensor] = getattr(self, f"{role}_bias")
+        if bias is not None:
+            y = y + bias[index]
+        return y
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        tokens, hidden = hidden_states.shape
+        x = hidden_states.reshape(tokens, 1, 1, hidden)
+        gate = self._project("gate", x, top_k_index)
+        up = self._project("up", x, top_k_index)
+        if self.activation == "gpt_oss":
+            gate = gate.clamp(max=self.limit)
+            up = up.clamp(min=-self.limit, max=self.limit)
+            h = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        else:
+            h = self.act_fn(gate) * up
+        down = self._project("down", h.unsqueeze(2), top_k_index)
+        out = (down * top_k_weights[..., None].to(down.dtype)).sum(dim=1)
+        return out.to(hidden_states.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, mode={self.mode!r}, "
+                f"group_size={self.group_size}, activation={self.activation!r}")
+
+
+def from_pretrained(path: Any, dtype: Optional[torch.dtype] = None, **kwargs: Any) -> Any:
+    """A transformers model from a quantized checkpoint (see :mod:`microscale.pretrained`)."""
+    from .pretrained import from_pretrained as load
+
+    return load(path, dtype=dtype, **kwargs)
+
+
+def save_pretrained(model: Any, path: Any, force: bool = False) -> None:
+    """Write a model from :func:`from_pretrained` in its source layout (see
+    :mod:`microscale.pretrained`)."""
+    from .pretrained import save_pretrained as save
+
+    save(model, path, force=force)
