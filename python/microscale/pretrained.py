@@ -25,6 +25,7 @@ were read).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 from typing import Any, Iterator, Optional
@@ -303,6 +304,8 @@ def from_pretrained(path: Any, dtype: Optional[torch.dtype] = None,
     # for the renamed keys (experts keep their checkpoint names on their module).
     renamed = {v: k for k, v in names.items() if k != v}
     model.microscale_source = {"format": ck.format, "config": ck.config, "names": renamed}
+    # model.save_pretrained(dir) writes the source layout, not transformers' float layout.
+    model.save_pretrained = functools.partial(save_pretrained, model)
     return model
 
 
@@ -326,6 +329,9 @@ def save_pretrained(model: Any, path: Any, force: bool = False) -> None:
     if source is None:
         raise ValueError("model: not built by microscale.torch.from_pretrained (it records the "
                          "layout to write)")
+    on_meta = [n for n, t in model.state_dict().items() if t.is_meta]
+    if on_meta:
+        raise ValueError(f"{on_meta[0]}: on the meta device; move the model to the CPU to save it")
     layers: dict[str, QuantizedWeight] = {}
     tensors: dict[str, np.ndarray] = {}
     skip: set[str] = set()
@@ -343,8 +349,6 @@ def save_pretrained(model: Any, path: Any, force: bool = False) -> None:
         owner = name.rpartition(".")[0]
         if owner in skip or name in tied:
             continue
-        if t.is_meta:
-            raise ValueError(f"{name}: on the meta device; move the model to the CPU to save it")
         tensors[name] = _numpy(t)
     back = source["names"]  # the checkpoint's own names for keys transformers renamed
     layers = {back.get(f"{n}.weight", f"{n}.weight").removesuffix(".weight"): q
