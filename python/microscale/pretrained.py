@@ -28,6 +28,8 @@ import contextlib
 import functools
 import os
 import re
+import subprocess
+import tempfile
 from typing import Any, Iterator, Optional
 
 import ml_dtypes
@@ -245,12 +247,15 @@ def from_pretrained(path: Any, dtype: Optional[torch.dtype] = None,
                     trust_remote_code: bool = False) -> Any:
     """A transformers ``PreTrainedModel`` (``AutoModelForCausalLM``'s class for the config) over
     the quantized checkpoint at ``path``: a model directory, an index .json or a .safetensors
-    file in compressed-tensors, ModelOpt or MLX layout. ``dtype`` is the float dtype of the
+    file in compressed-tensors, ModelOpt or MLX layout, or a .gguf file with NVFP4 / MXFP4
+    tensors. ``dtype`` is the float dtype of the
     activations and of the unquantized tensors (default: the config's ``dtype``, else
     bfloat16). The model is in eval mode with no gradients."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = os.fspath(path)
+    if path.endswith(".gguf"):
+        return _from_gguf(path, dtype, trust_remote_code)
     ck = load_checkpoint(path)
     if ck.format == "none":
         raise ValueError(f"{path}: no quantized layers (not a compressed-tensors, ModelOpt or MLX "
@@ -307,6 +312,23 @@ def from_pretrained(path: Any, dtype: Optional[torch.dtype] = None,
     # model.save_pretrained(dir) writes the source layout, not transformers' float layout.
     model.save_pretrained = functools.partial(save_pretrained, model)
     return model
+
+
+def _from_gguf(path: str, dtype: Optional[torch.dtype], trust_remote_code: bool) -> Any:
+    """A GGUF file (llama.cpp's NVFP4 / MXFP4 blocks) through the command's byte-preserving
+    conversion to compressed-tensors in a temporary directory, read whole before it is removed;
+    the model saves as compressed-tensors."""
+    from .__main__ import _CLI
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such GGUF file")
+    with tempfile.TemporaryDirectory(prefix="microscale-gguf-") as tmp:
+        out = os.path.join(tmp, "model")
+        run = subprocess.run([str(_CLI), "convert", path, "--to", "compressed-tensors", "-o", out],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise ValueError(f"{path}: not read as a quantized GGUF: {run.stderr.strip()}")
+        return from_pretrained(out, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
 def _weight(module: torch.nn.Module) -> QuantizedWeight:

@@ -478,11 +478,13 @@ class QuantizedExperts(torch.nn.Module):
                 f"group_size={self.group_size}, activation={self.activation!r}")
 
 
-def from_pretrained(path: Any, dtype: Optional[torch.dtype] = None, **kwargs: Any) -> Any:
-    """A transformers model from a quantized checkpoint (see :mod:`microscale.pretrained`)."""
+def from_pretrained(path: Any, dtype: Optional[torch.dtype] = None,
+                    trust_remote_code: bool = False) -> Any:
+    """A transformers model running microscale's kernels on a quantized checkpoint: see
+    :func:`microscale.pretrained.from_pretrained`."""
     from .pretrained import from_pretrained as load
 
-    return load(path, dtype=dtype, **kwargs)
+    return load(path, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
 def save_pretrained(model: Any, path: Any, force: bool = False) -> None:

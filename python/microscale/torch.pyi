@@ -1,5 +1,6 @@
 # Type stubs of microscale.torch (needs torch; mypy --strict clean, see
 # tests/python/typing_usage_torch.py).
+import os
 from typing import Any, Iterable, Optional, Union
 
 import torch
@@ -72,3 +73,26 @@ class QQLinear(torch.nn.Module):
     def calibrate(self, batches: Iterable[torch.Tensor]) -> QQLinear: ...
     def forward(self, x: torch.Tensor) -> torch.Tensor: ...
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+class QuantizedExperts(torch.nn.Module):
+    ROLES: tuple[str, str, str]
+    mode: str
+    group_size: int
+    bits: int
+    elem: str
+    activation: str
+    checkpoint_names: dict[str, Union[str, list[str]]]
+    def __init__(self, stacks: dict[str, dict[str, Any]], act_fn: Any = ..., activation: str = ...,
+                 alpha: float = ..., limit: float = ...,
+                 expert_biases: Optional[dict[str, torch.Tensor]] = ...) -> None: ...
+    @property
+    def num_experts(self) -> int: ...
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor: ...
+
+# A transformers PreTrainedModel (Any: the stubs do not import transformers).
+def from_pretrained(path: Union[str, os.PathLike[str]], dtype: Optional[torch.dtype] = ...,
+                    trust_remote_code: bool = ...) -> Any: ...
+def save_pretrained(model: Any, path: Union[str, os.PathLike[str]], force: bool = ...) -> None: ...

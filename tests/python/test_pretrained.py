@@ -239,3 +239,21 @@ def test_readme_example_runs(checkpoints, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip(), "the example prints the generated text"
+
+
+@pytest.mark.parametrize("arch,fmt", [("llama", "nvfp4"), ("qwen3_moe", "mxfp4"), ("mixtral", "nvfp4")])
+def test_gguf(tmp_path, arch, fmt):
+    """A GGUF export runs as the model `microscale dequantize` reads out of the same file."""
+    gguf = tmp_path / f"{arch}.gguf"
+    ok("quantize", os.path.join(FIXTURES, arch), "--format", fmt, "--export", "gguf", "-o", gguf)
+    ok("dequantize", gguf, "--dtype", "float32", "-o", tmp_path / "f32")
+    model = mst.from_pretrained(gguf, dtype=torch.float32)
+    assert any(isinstance(m, MICROSCALE_MODULES) for m in model.modules())
+    ids = tokens(model)
+    with torch.no_grad():
+        assert relative_error(model(ids).logits, reference(tmp_path / "f32")(ids).logits) <= TOLERANCE
+    with pytest.raises(FileNotFoundError, match="missing.gguf"):
+        mst.from_pretrained(tmp_path / "missing.gguf")
+    (tmp_path / "text.gguf").write_text("not a GGUF file")
+    with pytest.raises(ValueError, match="text.gguf: not read as a quantized GGUF"):
+        mst.from_pretrained(tmp_path / "text.gguf")

@@ -18,3 +18,12 @@ def train_step(w: torch.Tensor, x: torch.Tensor) -> float:
     qq_float: mst.QQLinear = mst.QQLinear.from_float(torch.nn.Linear(64, 32), None, "mxfp4")
     out: torch.Tensor = lin(x) + qq(x)
     return float(out.sum()) + float(loss) + lin.in_features + lin_float.out_features + qq_float.out_features
+
+
+def run_checkpoint(path: str) -> torch.Tensor:
+    model = mst.from_pretrained(path, dtype=torch.bfloat16)
+    mst.save_pretrained(model, path + "-copy", force=True)
+    experts = [m for m in model.modules() if isinstance(m, mst.QuantizedExperts)]
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    logits: torch.Tensor = model(ids).logits
+    return logits if not experts else experts[0](logits[0], ids[0, :, None], logits[0, :, :1])
