@@ -68,15 +68,24 @@ def _product_dtype(x: torch.Tensor, scales: torch.Tensor, mode: str) -> torch.dt
     return x.dtype
 
 
-@torch.library.custom_op("microscale::quantized_matmul", mutates_args=())
-def _quantized_matmul_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
-                         biases: Optional[torch.Tensor], bias: Optional[torch.Tensor], mode: str,
-                         group_size: int, bits: int, global_scale: Optional[float],
-                         elem: str) -> torch.Tensor:
+def _eager(x: torch.Tensor) -> bool:
+    """Call the kernels directly: outside torch.compile's tracing and on plain CPU tensors, where
+    the dispatcher's custom-op path adds more than a small GEMV costs (about 0.1 ms a call)."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _quantized_matmul(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+                      biases: Optional[torch.Tensor], bias: Optional[torch.Tensor], mode: str,
+                      group_size: int, bits: int, global_scale: Optional[float],
+                      elem: str) -> torch.Tensor:
     _follow_torch_threads()
     y: torch.Tensor = quantized_matmul(x.contiguous(), w, scales, biases, True, mode, group_size,
                                        bits, global_scale, elem, bias, out_type="torch")
     return y
+
+
+_quantized_matmul_op = torch.library.custom_op("microscale::quantized_matmul", _quantized_matmul,
+                                               mutates_args=())
 
 
 @_quantized_matmul_op.register_fake
@@ -86,15 +95,17 @@ def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, biases: Optional[t
     return x.new_empty((*x.shape[:-1], w.shape[-2]), dtype=_product_dtype(x, scales, mode))
 
 
-@torch.library.custom_op("microscale::gather_qmm", mutates_args=())
-def _gather_qmm_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
-                   biases: Optional[torch.Tensor], lhs_indices: Optional[torch.Tensor],
-                   rhs_indices: Optional[torch.Tensor], mode: str, group_size: int, bits: int,
-                   global_scale: Optional[float], elem: str) -> torch.Tensor:
+def _gather_qmm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+                biases: Optional[torch.Tensor], lhs_indices: Optional[torch.Tensor],
+                rhs_indices: Optional[torch.Tensor], mode: str, group_size: int, bits: int,
+                global_scale: Optional[float], elem: str) -> torch.Tensor:
     _follow_torch_threads()
     y: torch.Tensor = gather_qmm(x.contiguous(), w, scales, biases, lhs_indices, rhs_indices, True,
                                  mode, group_size, bits, global_scale, elem, out_type="torch")
     return y
+
+
+_gather_qmm_op = torch.library.custom_op("microscale::gather_qmm", _gather_qmm, mutates_args=())
 
 
 @_gather_qmm_op.register_fake
@@ -107,11 +118,10 @@ def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, biases: Optional[t
     return x.new_empty((*batch, x.shape[-2], w.shape[-2]), dtype=_product_dtype(x, scales, mode))
 
 
-@torch.library.custom_op("microscale::qqmm", mutates_args=())
-def _qqmm_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor],
-             mode: str, group_size: int, bits: int, input_global_scale: Optional[float],
-             global_scale: Optional[float], scale_rule: str, nonfinite: str,
-             elem: str) -> torch.Tensor:
+def _qqmm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor],
+          mode: str, group_size: int, bits: int, input_global_scale: Optional[float],
+          global_scale: Optional[float], scale_rule: str, nonfinite: str,
+          elem: str) -> torch.Tensor:
     _follow_torch_threads()
     xa = _float_input(x.contiguous(), "x")  # once, for the amax and the product
     gx = input_global_scale
@@ -120,6 +130,9 @@ def _qqmm_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optio
     y: torch.Tensor = qqmm(xa, w, scales, mode, group_size, bits, gx, global_scale, scale_rule,
                            nonfinite, elem, bias, out_type="torch")
     return y
+
+
+_qqmm_op = torch.library.custom_op("microscale::qqmm", _qqmm, mutates_args=())
 
 
 @_qqmm_op.register_fake
@@ -290,9 +303,9 @@ class QuantizedLinear(torch.nn.Module):
         return int(self.weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.microscale.quantized_matmul(
-            x, self.weight, self.scales, self.biases, self.bias, self.mode, self.group_size,
-            self.bits, self.global_scale, self.elem)
+        op = _quantized_matmul if _eager(x) else torch.ops.microscale.quantized_matmul
+        y: torch.Tensor = op(x, self.weight, self.scales, self.biases, self.bias, self.mode,
+                             self.group_size, self.bits, self.global_scale, self.elem)
         return y
 
     def extra_repr(self) -> str:
@@ -374,9 +387,10 @@ class QQLinear(torch.nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.microscale.qqmm(
-            x, self.weight, self.scales, self.bias, self.mode, self.group_size, self.bits,
-            self.input_global_scale, self.global_scale, self.scale_rule, self.nonfinite, self.elem)
+        op = _qqmm if _eager(x) else torch.ops.microscale.qqmm
+        y: torch.Tensor = op(x, self.weight, self.scales, self.bias, self.mode, self.group_size,
+                             self.bits, self.input_global_scale, self.global_scale,
+                             self.scale_rule, self.nonfinite, self.elem)
         return y
 
     def extra_repr(self) -> str:
@@ -442,13 +456,14 @@ class QuantizedExperts(torch.nn.Module):
         weight, scales = getattr(self, f"{role}_weight"), getattr(self, f"{role}_scales")
         # x's batch axes [T, 1] or [T, k] broadcast against index [T, k] (gather_qmm's default
         # lhs_indices), so every token meets each of its k experts.
+        gather = _gather_qmm if _eager(x) else torch.ops.microscale.gather_qmm
         if not self._per_expert_amax[role]:
-            y = torch.ops.microscale.gather_qmm(x, weight, scales, getattr(self, f"{role}_biases"),
+            y = gather(x, weight, scales, getattr(self, f"{role}_biases"),
                                                 None, index, self.mode, self.group_size, self.bits,
                                                 self._stack_amax[role], self.elem)[:, :, 0, :]
         else:
             amax: torch.Tensor = getattr(self, f"{role}_global_scales")
-            y = torch.ops.microscale.gather_qmm(x.float(), weight, scales, None, None, index,
+            y = gather(x.float(), weight, scales, None, None, index,
                                                 self.mode, self.group_size, self.bits, None,
                                                 self.elem)[:, :, 0, :]
             y = (y * (amax / 2688)[index][..., None]).to(x.dtype)
