@@ -67,9 +67,9 @@ def load_checkpoint(path) -> LoadedCheckpoint:
                           config=json.loads(data.config_json) if data.config_json else None)
     for layer in data.layers:
         ck.layers[layer.module] = QuantizedWeight._from_core(layer.weight, layer.input_amax)
-    for t in data.tensors:
-        dt = _ST_TO_NP.get(t.dtype)
-        ck.tensors[t.name] = t.data.view(dt).reshape(t.shape) if dt is not None else t.data
+    for name, st_dtype, shape, data_bytes in data.take_tensors():  # moved, not copied
+        dt = _ST_TO_NP.get(st_dtype)
+        ck.tensors[name] = data_bytes.view(dt).reshape(shape) if dt is not None else data_bytes
     return ck
 
 

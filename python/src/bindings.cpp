@@ -514,6 +514,23 @@ void bind(nb::module_& m) {
       .def_rw("config_json", &io::CheckpointData::config_json)
       .def_ro("layers", &io::CheckpointData::layers)
       .def_ro("tensors", &io::CheckpointData::tensors)
+      // [(name, dtype, shape, uint8 array)], each tensor's bytes moved into its array (no copy,
+      // so a model's float tensors are held once while they are read); tensors is empty after.
+      .def("take_tensors",
+           [](io::CheckpointData& d) {
+             static std::uint64_t empty_storage = 0;  // numpy wants a non-null pointer even for size 0
+             nb::list out;
+             for (io::RawTensor& t : d.tensors) {
+               auto* owner = new std::vector<std::byte>(std::move(t.data));
+               nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<std::vector<std::byte>*>(p); });
+               std::size_t n = owner->size();
+               void* data = n != 0 ? static_cast<void*>(owner->data()) : static_cast<void*>(&empty_storage);
+               OutArray bytes(data, 1, &n, cap, nullptr, dlpack_dtype(ms::DType::uint8));
+               out.append(nb::make_tuple(t.name, std::string(io::st_dtype_name(t.dtype)), t.shape, bytes.cast()));
+             }
+             d.tensors.clear();
+             return out;
+           })
       .def(
           "add_layer", [](io::CheckpointData& d, io::QuantizedLayer layer) { d.layers.push_back(std::move(layer)); },
           nb::arg("layer"))
