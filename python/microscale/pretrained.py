@@ -289,11 +289,20 @@ def from_pretrained(path: Any, dtype: Optional[torch.dtype] = None,
                              "Linear or experts projection for")
         expert = None if m["expert"] is None else int(m["expert"])
         blocks.setdefault(m["block"], {}).setdefault(_ROLE[m["proj"]], {})[expert] = (name, q)
-    for block, members in blocks.items():
-        name, experts = _experts(block, members, model, tensors, used)
+    # Per-expert weights are copied into stacks: drop each block's originals once stacked, and
+    # each float tensor once it is in the model's dtype, so that no more than one block's or one
+    # tensor's worth is held twice.
+    layers.clear()
+    ck.layers.clear()
+    for block in list(blocks):
+        name, experts = _experts(block, blocks.pop(block), model, tensors, used)
         _replace(model, name, experts)
-
-    unused = [n for n in tensors if n not in used and not _load_tensor(model, n, tensors[n])]
+    ck.tensors.clear()
+    unused = []
+    for n in list(tensors):
+        array = tensors.pop(n)
+        if n not in used and not _load_tensor(model, n, array):
+            unused.append(n)
     if unused:
         raise ValueError(f"{unused[0]}: a tensor of the checkpoint that {type(model).__name__} "
                          f"has no parameter or buffer for ({len(unused)} such tensors)")
