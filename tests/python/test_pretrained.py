@@ -257,3 +257,15 @@ def test_gguf(tmp_path, arch, fmt):
     (tmp_path / "text.gguf").write_text("not a GGUF file")
     with pytest.raises(ValueError, match="text.gguf: not read as a quantized GGUF"):
         mst.from_pretrained(tmp_path / "text.gguf")
+
+
+def test_text_generation_pipeline(checkpoints):
+    """transformers' pipeline takes the model as it is, with the tokenizer files the export copied."""
+    quantized, dequantized = checkpoints("llama", "mxfp4", "compressed-tensors")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(quantized)
+    generate = transformers.pipeline("text-generation", model=mst.from_pretrained(quantized, dtype=torch.float32),
+                                     tokenizer=tokenizer)
+    ref = transformers.pipeline("text-generation", model=reference(dequantized), tokenizer=tokenizer)
+    kwargs = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    text = generate("hello world", **kwargs)[0]["generated_text"]
+    assert text.startswith("hello world") and text == ref("hello world", **kwargs)[0]["generated_text"]
