@@ -2,6 +2,8 @@
 // memory (the Python API).
 #include <algorithm>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "io/layout.hpp"
 #include "io/staging.hpp"
@@ -53,6 +55,19 @@ Layer checked_layer(const std::string& m, const Quantized& q, const std::optiona
   return l;
 }
 
+// The bytes of a mapped tensor, copied in chunks whose mapped pages are dropped once copied, so
+// that a large tensor (a 128k-token embedding) is never resident twice.
+std::vector<std::byte> copy_releasing(std::span<const std::byte> bytes) {
+  constexpr std::size_t kChunk = std::size_t{32} << 20;
+  std::vector<std::byte> out(bytes.size());
+  for (std::size_t at = 0; at < bytes.size(); at += kChunk) {
+    const std::span<const std::byte> chunk = bytes.subspan(at, std::min(kChunk, bytes.size() - at));
+    std::copy(chunk.begin(), chunk.end(), out.begin() + static_cast<std::ptrdiff_t>(at));
+    release(chunk);
+  }
+  return out;
+}
+
 }  // namespace
 
 CheckpointData load_checkpoint(const fs::path& path) {
@@ -65,17 +80,20 @@ CheckpointData load_checkpoint(const fs::path& path) {
                 "quantize_checkpoint to re-quantize it");
   CheckpointData data;
   data.convention = det.convention_name();
+  // Each tensor's mapped pages are dropped once copied, so the model is held once, not twice
+  // (the mapping's pages count as resident until then).
   for (const Layer& l : det.layers) {
     QuantizedLayer ql;
     ql.module = l.module;
     ql.weight = to_quantized(l);
     if (l.act) ql.input_amax = l.act->to_amax();
     data.layers.push_back(std::move(ql));
+    release_sources(in.ck, l);
   }
   for (const std::string& n : in.ck.names()) {
     if (det.consumed.count(n)) continue;
     const StTensor& t = in.ck.tensor(n);
-    data.tensors.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data.begin(), t.data.end())});
+    data.tensors.push_back({n, t.dtype, t.shape, copy_releasing(t.data)});
   }
   if (!in.config.is_null()) data.config_json = in.config.dump(2);
   in.ck.check_unchanged();  // a shard truncated under us read as zeros
