@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Speed and memory of the GGUF export on a 1B-shaped model (BENCHMARKS.md, "GGUF with llama.cpp"):
 # generates a Llama-3.2-1B-shaped bfloat16 checkpoint with random weights and a byte-level BPE
-# tokenizer of the model's whole vocabulary (128256 tokens; bench/make_llama_1b.py), then, ROUNDS times each under
-# /usr/bin/time -v (wall time, CPU time, peak RSS), 2 threads:
+# tokenizer of the model's whole vocabulary (128256 tokens; bench/make_llama_1b.py), then, ROUNDS
+# times each under /usr/bin/time -v (wall time, CPU time, peak RSS), 2 threads:
 #   - microscale quantize --format nvfp4 --export gguf
 #   - microscale quantize --format nvfp4 --export compressed-tensors (the same input)
 #   - llama.cpp's convert_hf_to_gguf.py --outtype bf16
