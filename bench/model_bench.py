@@ -27,7 +27,9 @@ weight page), with the same pseudo-random token ids for every runner:
 ``split`` runs the same decode and prefill on a microscale model with timers around every
 quantized module (the custom ops ``microscale::quantized_matmul`` and the like) and around
 ``lm_head``; the rest of the forward pass is the difference. It reports the bytes each part
-reads per token, to compare with ``bandwidth`` (a 2-thread sum over a 1 GiB float32 tensor).
+reads per token, and the quantized modules' pace called back to back outside the model.
+``bandwidth`` gives the machine's yardsticks: the read bandwidth (a 1- and 2-thread sum over a
+1 GiB float32 tensor; torch's float32 GEMV over it) and torch's float32 GEMM pace.
 """
 
 import argparse
@@ -165,11 +167,11 @@ class Timers:
     """Wall time spent inside chosen modules' forward calls."""
 
     def __init__(self, modules):
-        self.total = {}
+        self.total, self.hooks = {}, []
         for label, module in modules:
             self.total.setdefault(label, 0.0)
-            module.register_forward_pre_hook(self._enter)
-            module.register_forward_hook(lambda m, i, o, label=label: self._leave(label))
+            self.hooks.append(module.register_forward_pre_hook(self._enter))
+            self.hooks.append(module.register_forward_hook(lambda m, i, o, label=label: self._leave(label)))
 
     def _enter(self, module, inputs):
         self._start = time.perf_counter()
@@ -179,6 +181,10 @@ class Timers:
 
     def reset(self):
         self.total = dict.fromkeys(self.total, 0.0)
+
+    def remove(self):
+        for hook in self.hooks:
+            hook.remove()
 
 
 def split(args):
@@ -210,16 +216,39 @@ def split(args):
     for phase in ("decode", "prefill"):
         d = out[phase]
         d["rest_ms_per_token"] = d["ms_per_token"] - d["kernels_ms_per_token"] - d["lm_head_ms_per_token"]
+    # The same decode products with nothing between them: every quantized Linear once on one
+    # row, back to back (the kernels' own pace, at 1 and at 2 threads), and lm_head alone.
+    timers.remove()
+    linears = [m for m in quantized if hasattr(m, "in_features")]
+    rows = [torch.randn(1, m.in_features, dtype=getattr(torch, args.dtype)) for m in linears]
+    with torch.inference_mode():
+        for threads in (1, THREADS):
+            torch.set_num_threads(threads)
+            times = [_timed(lambda: [m(x) for m, x in zip(linears, rows)]) for _ in range(5)]
+            out["decode"][f"kernels_alone_{threads}_threads_ms"] = 1e3 * statistics.median(times)
+        out["decode"]["lm_head_alone_ms"] = 1e3 * statistics.median(_timed(lambda: head(rows[0])) for _ in range(5))
     return out
 
 
 def bandwidth(args):
     import torch
 
-    torch.set_num_threads(THREADS)
     x = torch.ones(1 << 28, dtype=torch.float32)  # 1 GiB
-    best = min(_timed(x.sum) for _ in range(7))
-    return {"read_GBps": x.numel() * x.element_size() / best / 1e9, "threads": THREADS, "loadavg": loadavg()}
+    out = {"loadavg": loadavg()}
+    for threads in (1, THREADS):
+        torch.set_num_threads(threads)
+        best = min(_timed(x.sum) for _ in range(7))
+        out[f"read_GBps_{threads}_threads"] = x.numel() * x.element_size() / best / 1e9
+    out["read_GBps"] = out[f"read_GBps_{THREADS}_threads"]
+    # torch's float32 GEMV over the same bytes, which reads faster than the sum on some machines.
+    matrix, vector = x.view(-1, 2048), torch.ones(2048)
+    best = min(_timed(lambda: torch.mv(matrix, vector)) for _ in range(7))
+    out["f32_gemv_GBps"] = x.numel() * x.element_size() / best / 1e9
+    # The machine's float32 matrix-product pace (torch's own GEMM, a prefill-sized product).
+    a, b = torch.randn(512, 2048), torch.randn(2048, 8192)
+    torch.mm(a, b)
+    out["f32_gemm_GFLOPs"] = 2 * 512 * 2048 * 8192 / min(_timed(lambda: torch.mm(a, b)) for _ in range(5)) / 1e9
+    return out
 
 
 def _timed(fn):
@@ -315,12 +344,23 @@ def report(args):
         rounds = "; ".join(", ".join(f"{v:.2f}" for v in med.get((label, k), [])) for k in ("decode", "prefill"))
         print(f"| {label} | {m(label, 'decode'):.2f} | {m(label, 'prefill'):.2f} | "
               f"{ratio(m(label, 'decode'), m(tf, 'decode'))} | {vs_llama_d} | {vs_llama_p} | {rounds} |")
-    bw = [r["read_GBps"] for r in _read(args.bandwidth)]
-    if bw:
-        print(f"\nmemory read bandwidth (2 threads, 1 GiB float32 sum): median {statistics.median(bw):.1f} GB/s "
-              f"({', '.join(f'{b:.1f}' for b in bw)})")
-    gbps = statistics.median(bw) if bw else float("nan")
+    bws = _read(args.bandwidth)
+    for threads in (1, THREADS):
+        bw = [r[f"read_GBps_{threads}_threads"] for r in bws if f"read_GBps_{threads}_threads" in r]
+        if bw:
+            print(f"\nmemory read bandwidth ({threads} thread{'s' if threads > 1 else ''}, sum of a 1 GiB float32 "
+                  f"tensor): median {statistics.median(bw):.1f} GB/s ({', '.join(f'{b:.1f}' for b in bw)})")
+    gemv = [r["f32_gemv_GBps"] for r in bws if "f32_gemv_GBps" in r]
+    if gemv:
+        print(f"\ntorch float32 GEMV over the 1 GiB, {THREADS} threads: median {statistics.median(gemv):.1f} GB/s "
+              f"({', '.join(f'{g:.1f}' for g in gemv)})")
+    gemm = [r["f32_gemm_GFLOPs"] for r in bws if "f32_gemm_GFLOPs" in r]
+    if gemm:
+        print(f"\ntorch float32 GEMM [512, 2048] x [2048, 8192], {THREADS} threads: median "
+              f"{statistics.median(gemm):.0f} GFLOP/s ({', '.join(f'{g:.0f}' for g in gemm)})")
+    gbps = statistics.median(r["read_GBps"] for r in bws) if bws else float("nan")
     splits = _read(args.split)
+    alone_rows = []
     if splits:
         print("\n| microscale model | phase | ms/token | kernels | lm_head | rest | kernels' bytes/token "
               "at the bandwidth | lm_head's likewise | kernels GFLOP/s |")
@@ -337,6 +377,16 @@ def report(args):
                   f"{d['kernels_ms_per_token']:.2f} | {d['lm_head_ms_per_token']:.2f} | {d['rest_ms_per_token']:.2f} | "
                   f"{kb / per / 1e6:.0f} MB: {kb / per / gbps / 1e6:.2f} ms | "
                   f"{hb / head_tokens / 1e6:.0f} MB: {hb / head_tokens / gbps / 1e6:.2f} ms | {gflops:.0f} |")
+        d = s["decode"]
+        if "kernels_alone_1_threads_ms" in d:
+            alone = ", ".join(f"{t} thread{'s' if t > 1 else ''} {d[f'kernels_alone_{t}_threads_ms']:.1f} ms "
+                              f"({s['quantized_bytes'] / d[f'kernels_alone_{t}_threads_ms'] / 1e6:.1f} GB/s)"
+                              for t in (1, THREADS))
+            alone_rows.append(f"- {os.path.basename(s['model'].rstrip('/'))}: the quantized Linears of one decode "
+                              f"step back to back: {alone}; lm_head alone {d['lm_head_alone_ms']:.1f} ms "
+                              f"({s['lm_head_bytes'] / d['lm_head_alone_ms'] / 1e6:.1f} GB/s)")
+    if alone_rows:
+        print("\n" + "\n".join(alone_rows))
     mem = _read(args.memory)
     if mem:
         print("\n| load + one forward | checkpoint MB | peak RSS after imports MB | after load MB | after forward MB "

@@ -44,7 +44,7 @@ if [ ! -f "$SRC/config.json" ]; then
 fi
 
 echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(date -u '+%F %H:%M UTC')"
-echo "== $("$CLI" --version); microscale.cpu_target() = $("$PY" -c 'import microscale; print(microscale.cpu_target())')"
+echo "== $("$CLI" --version); $("$PY" -c "import microscale; print(f\"microscale.cpu_target() = {microscale.cpu_target()}, package {microscale.__file__}\")")"
 echo "== $("$PY" -c 'import importlib.metadata as m
 print(", ".join(f"{p} {m.version(p)}" for p in ["torch", "transformers"]))'); $("$LLAMA_PY" -c 'import importlib.metadata as m
 print("llama_cpp_python", m.version("llama_cpp_python"))')"
@@ -84,7 +84,9 @@ done
 
 echo "== time split of microscale's forward pass"
 for fmt in nvfp4 mxfp4; do
-  measure split "$PY" split "$WORK/$fmt-ct" --dtype bfloat16 "${LENGTHS[@]}"
+  for dtype in $MS_DTYPES; do
+    measure split "$PY" split "$WORK/$fmt-ct" --dtype "$dtype" "${LENGTHS[@]}"
+  done
 done
 
 echo "== peak RSS: load + one forward of 16 tokens"
@@ -92,5 +94,5 @@ measure memory "$PY" memory microscale "$WORK/nvfp4-ct"
 measure memory "$CT_PY" memory transformers "$WORK/nvfp4-ct" ||
   echo "transformers' compressed-tensors load failed (above)"
 
-echo "== medians of $ROUNDS rounds"
+echo "== done $(date -u "+%F %H:%M UTC"); medians of $ROUNDS rounds"
 "$PY" bench/model_bench.py report "$WORK"/{speed,split,bandwidth,memory}.jsonl
