@@ -68,6 +68,15 @@ def _product_dtype(x: torch.Tensor, scales: torch.Tensor, mode: str) -> torch.dt
     return x.dtype
 
 
+def _widened(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision activations of several rows as float32 for the W4A16 products: exact
+    (every bfloat16 and float16 value is a float32 one), the products are float32 sums rounded
+    once either way, and the float32 GEMM is the faster one on x86 (prefill of a 1B mxfp4 model:
+    61-63 -> 70-77 tokens/s; BENCHMARKS.md, "Running a quantized model"). One row (decode) reads
+    x in its own dtype: the GEMV gained nothing from it there."""
+    return x if x.dtype == torch.float32 or x.numel() == x.shape[-1] else x.float()
+
+
 def _eager(x: torch.Tensor) -> bool:
     """Call the kernels directly: outside torch.compile's tracing and on plain CPU tensors, where
     the dispatcher's custom-op path adds more than a small GEMV costs (about 0.1 ms a call)."""
@@ -304,9 +313,9 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op = _quantized_matmul if _eager(x) else torch.ops.microscale.quantized_matmul
-        y: torch.Tensor = op(x, self.weight, self.scales, self.biases, self.bias, self.mode,
-                             self.group_size, self.bits, self.global_scale, self.elem)
-        return y
+        y: torch.Tensor = op(_widened(x), self.weight, self.scales, self.biases, self.bias,
+                             self.mode, self.group_size, self.bits, self.global_scale, self.elem)
+        return y.to(_product_dtype(x, self.scales, self.mode))
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -458,15 +467,15 @@ class QuantizedExperts(torch.nn.Module):
         # lhs_indices), so every token meets each of its k experts.
         gather = _gather_qmm if _eager(x) else torch.ops.microscale.gather_qmm
         if not self._per_expert_amax[role]:
-            y = gather(x, weight, scales, getattr(self, f"{role}_biases"),
-                                                None, index, self.mode, self.group_size, self.bits,
-                                                self._stack_amax[role], self.elem)[:, :, 0, :]
+            y = gather(_widened(x), weight, scales, getattr(self, f"{role}_biases"), None, index,
+                       self.mode, self.group_size, self.bits, self._stack_amax[role],
+                       self.elem)[:, :, 0, :]
         else:
             amax: torch.Tensor = getattr(self, f"{role}_global_scales")
-            y = gather(x.float(), weight, scales, None, None, index,
-                                                self.mode, self.group_size, self.bits, None,
-                                                self.elem)[:, :, 0, :]
-            y = (y * (amax / 2688)[index][..., None]).to(x.dtype)
+            y = gather(x.float(), weight, scales, None, None, index, self.mode, self.group_size,
+                       self.bits, None, self.elem)[:, :, 0, :]
+            y = y * (amax / 2688)[index][..., None]
+        y = y.to(_product_dtype(x, scales, self.mode))
         bias: Optional[torch.Tensor] = getattr(self, f"{role}_bias")
         if bias is not None:
             y = y + bias[index]
