@@ -74,7 +74,15 @@ def _widened(x: torch.Tensor) -> torch.Tensor:
     once either way, and the float32 GEMM is the faster one on x86 (prefill of a 1B mxfp4 model:
     61-63 -> 70-77 tokens/s; BENCHMARKS.md, "Running a quantized model"). One row (decode) reads
     x in its own dtype: the GEMV gained nothing from it there."""
-    return x if x.dtype == torch.float32 or x.numel() == x.shape[-1] else x.float()
+    half = x.dtype == torch.bfloat16 or x.dtype == torch.float16
+    return x.float() if half and x.numel() != x.shape[-1] else x
+
+
+def _same_device(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:
+    """A module's input on its weights' device (a whole model on `meta` runs shape-only)."""
+    if x.device != weight.device:
+        raise ValueError(f"{what}: a tensor on {x.device}, the layer's weights are on "
+                         f"{weight.device}; move the input or the module")
 
 
 def _eager(x: torch.Tensor) -> bool:
@@ -312,6 +320,7 @@ class QuantizedLinear(torch.nn.Module):
         return int(self.weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _same_device(x, self.weight, "x")
         op = _quantized_matmul if _eager(x) else torch.ops.microscale.quantized_matmul
         y: torch.Tensor = op(_widened(x), self.weight, self.scales, self.biases, self.bias,
                              self.mode, self.group_size, self.bits, self.global_scale, self.elem)
@@ -396,6 +405,7 @@ class QQLinear(torch.nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _same_device(x, self.weight, "x")
         op = _qqmm if _eager(x) else torch.ops.microscale.qqmm
         y: torch.Tensor = op(x, self.weight, self.scales, self.bias, self.mode, self.group_size,
                              self.bits, self.input_global_scale, self.global_scale,
@@ -483,6 +493,9 @@ class QuantizedExperts(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        _same_device(hidden_states, self.gate_weight, "hidden_states")
+        if _eager(hidden_states):  # refused here by its own name, not as gather_qmm's x
+            _float_input(hidden_states, "hidden_states")
         tokens, hidden = hidden_states.shape
         x = hidden_states.reshape(tokens, 1, 1, hidden)
         gate = self._project("gate", x, top_k_index)
