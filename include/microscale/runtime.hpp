@@ -52,4 +52,16 @@ inline constexpr int kMaxThreads = 1024;
 void set_num_threads(int n);  // n <= 0 restores the environment's default; n > kMaxThreads means kMaxThreads
 int num_threads();
 
+// Runs the CPU kernels' parallel loops on another runtime's threads instead of microscale's own
+// pool. An application whose threads spin between its parallel regions (OpenMP's default, as in
+// torch) otherwise holds the cores that microscale's pool then waits for; sharing one team of
+// threads avoids that. runner(work, context, threads, 0) must call work(context) on up to `threads`
+// threads concurrently, the calling thread among them, and return once every call has returned:
+// the signature and contract of libgomp's GOMP_parallel (LLVM's libomp exports it too), the
+// intended value. Results do not change (chunks never depend on the thread count); nullptr
+// restores microscale's pool. The thread budget (set_num_threads) still bounds `threads`.
+using ParallelRunner = void (*)(void (*work)(void*), void* context, unsigned threads, unsigned flags);
+void set_parallel_runner(ParallelRunner runner);
+bool has_parallel_runner();
+
 }  // namespace microscale

@@ -48,6 +48,49 @@ __all__ = ["FakeQuantize", "fake_quantize", "QuantizedLinear", "QQLinear", "Quan
 _threads_set = 0
 
 
+def _torch_openmp_entry() -> Optional[int]:
+    """The address of GOMP_parallel in the OpenMP runtime that torch's ATen runs on, if it does.
+
+    torch's OpenMP threads spin for a while after each of its ops, holding the cores that
+    microscale's own pool would wait for during the next quantized product: inside a model the
+    kernels ran at about one core's pace. Running microscale's loops on torch's team instead
+    (set_parallel_runner) lets the spinning threads take the work."""
+    if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    import ctypes
+    import os
+
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    try:
+        with open("/proc/self/maps") as maps:
+            mapped = {line.split(maxsplit=5)[-1].strip() for line in maps if "omp" in line}
+    except OSError:  # not Linux: look beside torch's own libraries
+        mapped = {os.path.join(torch_lib, f) for f in os.listdir(torch_lib)} if os.path.isdir(torch_lib) else set()
+    runtimes = sorted((p for p in mapped if os.path.basename(p).startswith(("libgomp", "libiomp", "libomp"))),
+                      key=lambda p: not p.startswith(torch_lib))  # torch's own copy first
+    for path in runtimes:
+        try:  # RTLD_NOLOAD: only a runtime this process already runs
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            return ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def _share_torch_threads() -> None:
+    entry = _torch_openmp_entry()
+    if entry is None:
+        return
+    import os
+
+    _core._set_parallel_runner(entry)
+    # A forked child (a DataLoader worker) must not enter the parent's OpenMP team.
+    os.register_at_fork(after_in_child=lambda: _core._set_parallel_runner(0))
+
+
+_share_torch_threads()
+
+
 def _follow_torch_threads() -> None:
     """microscale's pool takes torch's intra-op thread count, so that the two never together run
     more threads than torch was told to use (they take turns, op by op)."""

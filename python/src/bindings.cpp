@@ -611,6 +611,13 @@ NB_MODULE(_core, m) {
   m.def("set_num_threads", &ms::set_num_threads, nb::arg("n"));
   m.attr("MAX_THREADS") = ms::kMaxThreads;
   m.def("num_threads", &ms::num_threads);
+  // The address of an OpenMP runtime's GOMP_parallel (microscale.torch passes torch's), 0 for the
+  // own pool: see set_parallel_runner. Private: a wrong address is not checkable here.
+  m.def(
+      "_set_parallel_runner",
+      [](std::uintptr_t address) { ms::set_parallel_runner(reinterpret_cast<ms::ParallelRunner>(address)); },
+      nb::arg("address"));
+  m.def("_has_parallel_runner", &ms::has_parallel_runner);
 
   ckpt::bind(m);   // checkpoint I/O
   bind_matmul(m);  // quantized matrix products

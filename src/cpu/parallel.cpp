@@ -175,6 +175,7 @@ class Pool {
 };
 
 constinit std::atomic<Pool*> g_pool{nullptr};
+constinit std::atomic<ParallelRunner> g_runner{nullptr};
 constinit std::atomic<bool> g_exited{false};
 
 // Owns the process's pool. At exit it joins the workers, and later calls (from other static
@@ -209,9 +210,58 @@ Pool* pool() {
   return expected;
 }
 
+// A runner (set_parallel_runner) returns only once every thread of its team has joined, and a
+// team thread that another process keeps off the CPU costs the caller a scheduling round on
+// every call, where the own pool never waits for a thread that has not started. So a call whose
+// caller claimed every chunk and then still waited kLateJoin for the team counts as late, and
+// after kTeamLateRuns late calls in a row the next kTeamPoolCalls calls go to the own pool before
+// the team is tried again.
+constexpr auto kLateJoin = std::chrono::microseconds(500);
+constinit std::atomic<int> g_late_runs{0};
+constinit std::atomic<int> g_pool_calls_left{0};
+
+// Whether this call may use the runner; counts down the pool's turn.
+bool team_turn() {
+  int left = g_pool_calls_left.load(std::memory_order_relaxed);
+  while (left > 0 && !g_pool_calls_left.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {
+  }
+  return left <= 0;
+}
+
+void run_on_team(ParallelRunner runner, std::int64_t n, std::int64_t grain, int threads, ChunkFn fn, void* body) {
+  using Clock = std::chrono::steady_clock;
+  struct Call {
+    Job job;
+    std::thread::id caller;
+    std::int64_t caller_claimed = 0;
+    Clock::time_point caller_done{};
+  } call{Job(n, grain, fn, body), std::this_thread::get_id()};
+  runner(
+      [](void* p) {
+        Call& c = *static_cast<Call*>(p);
+        const std::int64_t claimed = c.job.work();
+        if (std::this_thread::get_id() != c.caller) return;
+        c.caller_claimed = claimed;
+        c.caller_done = Clock::now();
+      },
+      &call, static_cast<unsigned>(threads), 0);
+  const bool late = call.caller_claimed == call.job.chunks && Clock::now() - call.caller_done > kLateJoin;
+  if (!late) {
+    g_late_runs.store(0, std::memory_order_relaxed);
+  } else if (g_late_runs.fetch_add(1, std::memory_order_relaxed) + 1 >= kTeamLateRuns) {
+    g_late_runs.store(0, std::memory_order_relaxed);
+    g_pool_calls_left.store(kTeamPoolCalls, std::memory_order_relaxed);
+  }
+  if (call.job.error) std::rethrow_exception(call.job.error);
+}
+
 }  // namespace
 
 void run_chunks(std::int64_t n, std::int64_t grain, int threads, ChunkFn fn, void* body) {
+  if (const ParallelRunner runner = g_runner.load(std::memory_order_acquire); runner && team_turn()) {
+    run_on_team(runner, n, grain, threads, fn, body);
+    return;
+  }
   const auto job = std::make_shared<Job>(n, grain, fn, body);
   Pool* workers = pool();
   if (workers) workers->offer(job, threads - 1, num_threads() - 1);
@@ -222,3 +272,14 @@ void run_chunks(std::int64_t n, std::int64_t grain, int threads, ChunkFn fn, voi
 }
 
 }  // namespace microscale::cpu
+
+namespace microscale {
+
+void set_parallel_runner(ParallelRunner runner) {
+  cpu::g_late_runs.store(0, std::memory_order_relaxed);
+  cpu::g_pool_calls_left.store(0, std::memory_order_relaxed);
+  cpu::g_runner.store(runner, std::memory_order_release);
+}
+bool has_parallel_runner() { return cpu::g_runner.load(std::memory_order_acquire) != nullptr; }
+
+}  // namespace microscale

@@ -8,6 +8,10 @@
 // and the caller waits only for chunks that workers have already claimed. Idle threads spin for
 // microseconds before they sleep, so on a busy machine a call slows to about one thread's speed
 // instead of waiting for threads that are not running.
+//
+// With a runner set (set_parallel_runner: torch's OpenMP team, say) the same chunks run on the
+// runner's threads instead. Its team joins before the call returns, so while its threads are kept
+// off the CPU (late joins, see parallel.cpp) calls go back to the pool for a while.
 #pragma once
 
 #include <algorithm>
@@ -29,6 +33,10 @@ class ThreadLease {
  private:
   int n_;
 };
+
+// After this many late team calls in a row, this many calls run on the pool (see parallel.cpp).
+inline constexpr int kTeamLateRuns = 2;
+inline constexpr int kTeamPoolCalls = 256;
 
 using ChunkFn = void (*)(void* body, std::int64_t begin, std::int64_t end);
 
