@@ -6,6 +6,7 @@ the modules' fake (shape-only) CUDA forward and torch.compile's tracing of it, a
 the CUDA kernels raise where they cannot run. The last test compares a fixture model's logits on a
 CUDA device with the CPU's and runs only where microscale._cuda finds a device."""
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -119,6 +120,14 @@ def test_binding_refuses_bad_gather_indices_and_qqmm_operands(cuda_ext):
                       _device_array(np.zeros((2, 4), np.float32)), 0)
 
 
+@contextlib.contextmanager
+def _dynamo_reset_after():
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+
+
 def _linear_modules():
     lin = torch.nn.Linear(64, 32)
     return {"QuantizedLinear": mst.QuantizedLinear.from_linear(lin),
@@ -153,7 +162,9 @@ def test_fake_cuda_forward_and_compile_tracing(dtype):
         graphs.append(gm)
         return gm.forward
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    # Fresh dynamo caches (other tests compile the same forward code), none left with fake tensors.
+    torch._dynamo.reset()
+    with FakeTensorMode(allow_non_fake_inputs=True), _dynamo_reset_after():
         for name, module in modules.items():
             module.to("cuda")
             assert all(b.device.type == "cuda" for b in module.buffers()), name
