@@ -1,8 +1,10 @@
 """torch integration: fake quantization with a straight-through estimator for quantization-aware
 training, and ``torch.nn.Module`` layers over microscale's quantized products.
 
-Importable only where torch is installed (``import microscale.torch``); tensors must be in host
-memory.
+Importable only where torch is installed (``import microscale.torch``). The functions take
+tensors in host memory; the modules' products are torch custom ops with CPU and CUDA kernels, so
+a module moved to a CUDA device (``model.to("cuda")``) runs microscale's CUDA backend
+(``microscale._cuda``, in builds made with nvcc).
 
 >>> import torch, microscale.torch as mst
 >>> w = torch.randn(32, 64, requires_grad=True)
@@ -116,9 +118,10 @@ def _widened(x: torch.Tensor) -> torch.Tensor:
     (every bfloat16 and float16 value is a float32 one), the products are float32 sums rounded
     once either way, and the float32 GEMM is the faster one on x86 (prefill of a 1B mxfp4 model:
     61-63 -> 70-77 tokens/s; BENCHMARKS.md, "Running a quantized model"). One row (decode) reads
-    x in its own dtype: the GEMV gained nothing from it there."""
+    x in its own dtype: the GEMV gained nothing from it there. The CUDA kernels read half
+    precision directly."""
     half = x.dtype == torch.bfloat16 or x.dtype == torch.float16
-    return x.float() if half and x.numel() != x.shape[-1] else x
+    return x.float() if half and x.device.type == "cpu" and x.numel() != x.shape[-1] else x
 
 
 def _same_device(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:
@@ -201,6 +204,93 @@ def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[tor
       global_scale: Optional[float], scale_rule: str, nonfinite: str,
       elem: str) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], w.shape[-2]))
+
+
+# ---- CUDA kernels of the three ops: microscale._cuda on the tensors' device memory, the result
+# allocated here by torch and the work queued on torch's current stream.
+
+_CUDA_MISSING = ("microscale was built without its CUDA backend (microscale._cuda): nvcc was not "
+                 "found when it was built. Rebuild it from source with the CUDA toolkit's nvcc on "
+                 "PATH (pip install . in a checkout) to run its modules on a CUDA device")
+
+
+def _cuda_backend() -> Any:
+    """microscale._cuda, imported on first use (torch's CUDA libraries are loaded by then), or a
+    RuntimeError saying why it cannot run."""
+    try:
+        from . import _cuda
+    except ImportError as e:
+        raise RuntimeError(f"{_CUDA_MISSING} ({e})") from e
+    if not _cuda.available():
+        raise RuntimeError("microscale's CUDA backend: no CUDA device it has kernels for (it is "
+                           "built for sm_90a and sm_100a: Hopper and Blackwell data-center GPUs)")
+    return _cuda
+
+
+def _codes(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The bytes the CUDA backend reads, as the CPU path reads them: float8 scales (or packed
+    values) as their uint8 codes, MLX's uint32 words as their little-endian bytes."""
+    if t is None:
+        return None
+    if (t.dtype.itemsize == 1 and t.is_floating_point()) or t.dtype == torch.uint32:
+        return t.view(torch.uint8)
+    return t
+
+
+def _cuda_call(x: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+               run: Any) -> torch.Tensor:
+    """Allocates the result on x's device and runs ``run(backend, y, stream)`` there."""
+    backend = _cuda_backend()
+    y = torch.empty(shape, dtype=dtype, device=x.device)
+    with torch.cuda.device(x.device):
+        run(backend, y, torch.cuda.current_stream(x.device).cuda_stream)
+    return y
+
+
+@_quantized_matmul_op.register_kernel("cuda")
+def _quantized_matmul_cuda(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+                           biases: Optional[torch.Tensor], bias: Optional[torch.Tensor], mode: str,
+                           group_size: int, bits: int, global_scale: Optional[float],
+                           elem: str) -> torch.Tensor:
+    x = x.contiguous()
+    return _cuda_call(x, (*x.shape[:-1], w.shape[-2]), _product_dtype(x, scales, mode),
+                      lambda cuda, y, stream: cuda.quantized_matmul(
+                          x, _codes(w), _codes(scales), biases, True, mode, group_size, bits,
+                          global_scale, elem, bias, y, stream))
+
+
+@_gather_qmm_op.register_kernel("cuda")
+def _gather_qmm_cuda(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+                     biases: Optional[torch.Tensor], lhs_indices: Optional[torch.Tensor],
+                     rhs_indices: Optional[torch.Tensor], mode: str, group_size: int, bits: int,
+                     global_scale: Optional[float], elem: str) -> torch.Tensor:
+    x = x.contiguous()
+    lhs = lhs_indices.shape if lhs_indices is not None else x.shape[:-2]
+    rhs = rhs_indices.shape if rhs_indices is not None else w.shape[:-2]
+    shape = (*torch.broadcast_shapes(lhs, rhs), x.shape[-2], w.shape[-2])
+    return _cuda_call(x, shape, _product_dtype(x, scales, mode),
+                      lambda cuda, y, stream: cuda.gather_qmm(
+                          x, _codes(w), _codes(scales), biases,
+                          None if lhs_indices is None else lhs_indices.contiguous(),
+                          None if rhs_indices is None else rhs_indices.contiguous(), True, mode,
+                          group_size, bits, global_scale, elem, False, y, stream))
+
+
+@_qqmm_op.register_kernel("cuda")
+def _qqmm_cuda(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+               bias: Optional[torch.Tensor], mode: str, group_size: int, bits: int,
+               input_global_scale: Optional[float], global_scale: Optional[float],
+               scale_rule: str, nonfinite: str, elem: str) -> torch.Tensor:
+    x = x.contiguous()
+
+    def run(cuda: Any, y: torch.Tensor, stream: int) -> None:
+        gx = input_global_scale
+        if global_scale is not None and gx is None:
+            gx = cuda.amax(x, stream)  # dynamic per-tensor activation scale, as on the CPU
+        cuda.qqmm(x, _codes(w), _codes(scales), mode, group_size, bits, gx, global_scale,
+                  scale_rule, nonfinite, elem, bias, y, stream)
+
+    return _cuda_call(x, (*x.shape[:-1], w.shape[-2]), x.dtype, run)
 
 
 # The byte whose codes are each element format's largest positive value (FP4 packs two codes).
@@ -311,7 +401,8 @@ class QuantizedLinear(torch.nn.Module):
     :func:`microscale.quantized_matmul`. The quantized parts are buffers (``weight`` packed
     uint8 ``[out, in*bits/8]``, ``scales``, ``biases`` for affine, ``bias``), so they appear in
     ``state_dict()``. Inference only: no gradients flow through it. x: float ``[..., in]`` on the
-    CPU; the result has x's dtype (affine: see quantized_matmul)."""
+    module's device (CPU, or CUDA: module doc); the result has x's dtype (affine: see
+    quantized_matmul)."""
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor,
                  biases: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
