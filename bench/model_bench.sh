@@ -18,10 +18,11 @@
 #   SRC            the bf16 source model (default $WORK/llama-1b-bf16, generated when missing)
 #   MICROSCALE_CLI the microscale command (default build/src/cli/microscale, a Release build)
 #   PY             Python with microscale, torch, transformers (default build/venv/bin/python)
-#   LLAMA_PY       Python with llama_cpp (default build/venv-llama/bin/python, see
-#                  scripts/test-ecosystem.sh)
-#   CT_PY          Python with torch, transformers and compressed-tensors, for transformers' own
-#                  load of the compressed-tensors checkpoint (default build/venv-ct/bin/python)
+#   MICROSCALE_LLAMA_VENV  venv with llama-cpp-python, built from source for this CPU (default
+#                  build/venv-llama, as scripts/test-ecosystem.sh makes it; created when missing)
+#   MICROSCALE_CT_VENV     venv with torch, transformers and compressed-tensors, for transformers'
+#                  own load of the compressed-tensors checkpoint (default build/venv-ct; created
+#                  when missing)
 #   ROUNDS         rounds (default 3); PROMPT, NEW, PREFILL token counts (default 16, 64, 512)
 #   MS_DTYPES      microscale's activation dtypes (default "bfloat16 float32")
 set -euo pipefail
@@ -30,13 +31,19 @@ WORK=${WORK:-/tmp/microscale-1b-run}
 SRC=${SRC:-$WORK/llama-1b-bf16}
 CLI=${MICROSCALE_CLI:-build/src/cli/microscale}
 PY=${PY:-build/venv/bin/python}
-LLAMA_PY=${LLAMA_PY:-build/venv-llama/bin/python}
-CT_PY=${CT_PY:-build/venv-ct/bin/python}
+LLAMA_VENV=${MICROSCALE_LLAMA_VENV:-build/venv-llama}
+CT_VENV=${MICROSCALE_CT_VENV:-build/venv-ct}
+LLAMA_PY=$LLAMA_VENV/bin/python CT_PY=$CT_VENV/bin/python
 ROUNDS=${ROUNDS:-3}
 PROMPT=${PROMPT:-16} NEW=${NEW:-64} PREFILL=${PREFILL:-512}
 MS_DTYPES=${MS_DTYPES:-bfloat16 float32}
 export OMP_NUM_THREADS=2 MICROSCALE_NUM_THREADS=2 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false
 mkdir -p "$WORK"
+source scripts/common.sh
+# llama-cpp-python compiles its vendored llama.cpp (several minutes on 2 cores); CPU only.
+CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_BLAS=OFF" \
+  ensure_venv "$LLAMA_VENV" llama_cpp "llama-cpp-python==0.3.36"
+ensure_venv "$CT_VENV" "torch, transformers, compressed_tensors" torch transformers compressed-tensors
 
 if [ ! -f "$SRC/config.json" ]; then
   echo "== generating $SRC"

@@ -46,3 +46,15 @@ ensure_dpkg_architecture() {
 
 # Number of parallel jobs for builds and ctest.
 jobs() { nproc 2>/dev/null || echo 2; }
+
+# Creates venv $1 unless it exists, then installs packages $3... unless `import $2` already works.
+ensure_venv() {
+  local venv=$1 imports=$2
+  shift 2
+  [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
+  if "$venv/bin/python" -c "import $imports" 2>/dev/null; then
+    echo "$venv: $imports all present"
+  else
+    "$venv/bin/python" -m pip install "$@"
+  fi
+}

@@ -31,18 +31,6 @@ LLAMA_CPP_PYTHON=0.3.36
 CLI=${MICROSCALE_CLI:-build/src/cli/microscale}
 WORK=build/ecosystem-check
 
-# Creates venv $1 unless it exists, then installs packages $3... unless `import $2` already works.
-ensure_venv() {
-  local venv=$1 imports=$2
-  shift 2
-  [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
-  if "$venv/bin/python" -c "import $imports" 2>/dev/null; then
-    echo "$venv: $imports all present"
-  else
-    "$venv/bin/python" -m pip install "$@"
-  fi
-}
-
 step "microscale command ($CLI)"
 if [ ! -x "$CLI" ]; then
   ensure_apt_packages

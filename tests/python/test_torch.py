@@ -267,3 +267,40 @@ def test_modules_from_float_is_from_linear():
         got = cls.from_float(lin, mode=mode)
         assert isinstance(got, cls)
         assert torch.equal(got(x), cls.from_linear(lin, mode=mode)(x))
+
+
+# ---- microscale.torch runs microscale's parallel loops on torch's OpenMP team
+
+
+@pytest.mark.skipif("ATen parallel backend: OpenMP" not in torch.__config__.parallel_info(),
+                    reason="this torch does not run on OpenMP")
+def test_products_share_torchs_openmp_team():
+    assert microscale._core._has_parallel_runner()
+    torch.manual_seed(5)
+    lin = mst.QuantizedLinear.from_linear(torch.nn.Linear(512, 384), mode="nvfp4")
+    xs = [torch.randn(1, 512), torch.randn(40, 512)]
+    torch.set_num_threads(2)
+    on_team = [lin(x) for x in xs]
+    try:
+        microscale._core._set_parallel_runner(0)
+        assert not microscale._core._has_parallel_runner()
+        own_pool = [lin(x) for x in xs]
+    finally:
+        mst._share_torch_threads()
+    for a, b in zip(on_team, own_pool):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_forked_child_runs_products_on_its_own_pool():
+    import os
+
+    lin = mst.QuantizedLinear.from_linear(torch.nn.Linear(256, 128), mode="mxfp4")
+    x = torch.randn(8, 256)
+    expected = lin(x)
+    pid = os.fork()
+    if pid == 0:  # the child: no OpenMP team of the parent's to enter
+        code = 0 if (not microscale._core._has_parallel_runner() and torch.equal(lin(x), expected)) else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
