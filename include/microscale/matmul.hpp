@@ -25,6 +25,13 @@ Tensor quantized_matmul(const TensorView& x, const TensorView& wq, const TensorV
 Tensor quantized_matmul(const TensorView& x, const Quantized& w, bool transpose = true,
                         const TensorView* bias = nullptr);
 
+// y = x @ w^T (+ bias) for a float weight w [N, K] (float32, float16 or bfloat16, read in its own
+// dtype): the layers a quantized model keeps unquantized, such as a language model's head. x is
+// float [..., K], the result [..., N] in x's dtype, summed in float32 and rounded once. Meant for
+// few rows of x (decode), where reading w is the cost: each weight row is read once per four rows
+// of x; a GEMM library serves many rows better. CPU backends only.
+Tensor linear(const TensorView& x, const TensorView& w, const TensorView* bias = nullptr);
+
 // Both operands quantized: y = x @ w^T with w 2-D [N, K]. x (rank >= 1, [..., K]) is quantized on
 // the fly exactly as `quantize` does with `spec` (and global_scale_x); w is either float (then
 // quantized with global_scale_w) or already packed (then `w_scales` holds its scales). Modes nvfp4,

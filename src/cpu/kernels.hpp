@@ -44,6 +44,11 @@ inline constexpr std::int64_t kGemvMaxRows = 8;
 void quantized_matmul(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias,
                       float* y);
 
+// y [M, N] float32 = x [M, K] float32 @ w^T (+ bias [N]) for a float weight w [N, K] of w_dtype
+// (float32, bfloat16 or float16), sums in float32 (cpu/linear-inl.h gives their order).
+void linear(const float* x, std::int64_t M, const void* w, DType w_dtype, std::int64_t N, std::int64_t K,
+            const float* bias, float* y);
+
 // qqmm on codes, as reference::qqmm: x packed [M, K*bits/8] with compact scales [M, K/group], w
 // likewise [N, ...]; y [M, N] float32 = alpha * (x @ w^T) (+ bias [N]). spec is x's resolved spec
 // (nvfp4, mxfp4 or mxfp8); its global scale is not used (alpha carries the tensor factors).

@@ -1,6 +1,6 @@
 // quantized_matmul module: the fused GEMV (cpu/gemv-inl.h) for up to kGemvMaxRows rows of x and
-// the panel GEMM (cpu/gemm-inl.h) beyond, behind one dispatch per call; and qqmm composed of
-// dequantize and that product.
+// the panel GEMM (cpu/gemm-inl.h) beyond, behind one dispatch per call; qqmm composed of
+// dequantize and that product; and the dense GEMV of linear (cpu/linear-inl.h).
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/matmul.cpp"
@@ -12,6 +12,7 @@
 #include "cpu/gemm-inl.h"
 #include "cpu/gemv-inl.h"
 #include "cpu/kernels.hpp"
+#include "cpu/linear-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
@@ -36,6 +37,12 @@ HWY_AFTER_NAMESPACE();
 namespace microscale::cpu {
 
 HWY_EXPORT(QuantizedMatmul);
+HWY_EXPORT(Linear);
+
+void linear(const float* x, std::int64_t M, const void* w, DType w_dtype, std::int64_t N, std::int64_t K,
+            const float* bias, float* y) {
+  HWY_DYNAMIC_DISPATCH(Linear)(x, M, w, w_dtype, N, K, bias, y);
+}
 
 void quantized_matmul(const float* x, std::int64_t M, const QuantizedMatrix& w, bool transpose, const float* bias,
                       float* y) {

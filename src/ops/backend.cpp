@@ -94,10 +94,18 @@ void reference_quantized_matmul(const float* x, std::int64_t M, const cpu::Quant
   reference::matmul(x, wf.data(), M, transpose ? w.rows : w.cols, transpose ? w.cols : w.rows, transpose, bias, y);
 }
 
+// The weight widened to float32, then the plain float32 product (k in order).
+void reference_linear(const float* x, std::int64_t M, const void* w, DType w_dtype, std::int64_t N, std::int64_t K,
+                      const float* bias, float* y) {
+  const std::vector<float> wf = detail::to_f32(TensorView(w, w_dtype, {N, K}));
+  reference::matmul(x, wf.data(), M, N, K, true, bias, y);
+}
+
 constexpr ops::Kernels kReference{reference_quantize,       reference::dequantize,      reference_amax_finite,
-                                  reference_find_nonfinite, reference_quantized_matmul, reference::qqmm};
-constexpr ops::Kernels kCpu{cpu::quantize,      cpu::dequantize,       cpu::amax_finite,
-                            cpu_find_nonfinite, cpu::quantized_matmul, cpu::qqmm};
+                                  reference_find_nonfinite, reference_quantized_matmul, reference::qqmm,
+                                  reference_linear};
+constexpr ops::Kernels kCpu{cpu::quantize,         cpu::dequantize, cpu::amax_finite, cpu_find_nonfinite,
+                            cpu::quantized_matmul, cpu::qqmm,       cpu::linear};
 
 // Written once, by microscale_cuda's static initializer (before main), then only read.
 std::atomic<const ops::DeviceBackend*>& cuda_backend() {

@@ -33,6 +33,10 @@ struct Kernels {
   void (*qqmm)(const std::uint8_t* px, const std::uint8_t* sx, const std::uint8_t* pw, const std::uint8_t* sw,
                std::int64_t M, std::int64_t N, std::int64_t K, const QuantSpec& spec, float alpha, const float* bias,
                float* y);
+  // y [M, N] float32 = x @ w^T (+ bias) for a float weight [N, K] (cpu::linear). Null in the CUDA
+  // table: the op runs on the host backends only.
+  void (*linear)(const float* x, std::int64_t M, const void* w, DType w_dtype, std::int64_t N, std::int64_t K,
+                 const float* bias, float* y);
 };
 
 // A device backend as microscale_cuda registers it.

@@ -65,6 +65,18 @@ Tensor quantized_matmul(const TensorView& x, const Quantized& w, bool transpose,
   return quantized_matmul(x, w.packed.view(), w.scales.view(), affine ? &biases : nullptr, transpose, w.spec, bias);
 }
 
+Tensor linear(const TensorView& x, const TensorView& w, const TensorView* bias) {
+  const std::optional<ops::Arg> bias_arg = ops::optional_arg(bias);
+  const ops::LinearPlan p = ops::plan_linear(ops::arg_of(x), ops::arg_of(w), ops::opt_ptr(bias_arg));
+  const ops::Kernels& k = ops::kernels_for("linear", {&x, &w, bias});
+  if (k.linear == nullptr)
+    throw Error("linear: runs on the cpu and reference backends only (its operands or the backend setting chose cuda)");
+  const std::vector<float> xf = host_f32(x), bf = bias_f32(bias);
+  std::vector<float> y(static_cast<std::size_t>(p.M * p.N));
+  k.linear(xf.data(), p.M, w.data, w.dtype, p.N, p.K, bf.empty() ? nullptr : bf.data(), y.data());
+  return to_dtype(y, x.dtype, p.out_shape);
+}
+
 Tensor qqmm(const TensorView& x, const TensorView& w, const TensorView* w_scales, const QuantSpec& spec,
             std::optional<float> global_scale_x, std::optional<float> global_scale_w, const TensorView* bias) {
   const std::optional<ops::Arg> ws = ops::optional_arg(w_scales), bias_arg = ops::optional_arg(bias);

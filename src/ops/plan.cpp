@@ -308,4 +308,21 @@ Quantized allocate_quantized(const QuantizePlan& p, const Shape& shape) {
   return q;
 }
 
+LinearPlan plan_linear(const Arg& x, const Arg& w, const Arg* bias) {
+  check_x(x, "linear");
+  require(!x.shape.empty(), "linear: x must have rank >= 1");
+  require(is_float(w.dtype), std::string("linear: w must be float32, float16 or bfloat16, got ") + dtype_name(w.dtype));
+  require(w.shape.size() == 2, "linear: w must be 2-D [N, K], got " + shape_str(w.shape));
+  LinearPlan p;
+  p.N = w.shape[0];
+  p.K = w.shape[1];
+  require(x.shape.back() == p.K, "linear: x's last axis (" + std::to_string(x.shape.back()) + ") must equal w's K (" +
+                                     std::to_string(p.K) + ")");
+  check_bias(bias, p.N, "linear");
+  p.M = numel(Shape(x.shape.begin(), x.shape.end() - 1));
+  p.out_shape = x.shape;
+  p.out_shape.back() = p.N;
+  return p;
+}
+
 }  // namespace microscale::ops

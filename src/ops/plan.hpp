@@ -114,4 +114,11 @@ struct QqmmPlan {
 QqmmPlan plan_qqmm(const Arg& x, const Arg& w, const Arg* w_scales, const QuantSpec& spec,
                    std::optional<float> global_scale_x, std::optional<float> global_scale_w, const Arg* bias);
 
+// linear: y [..., N] = x [..., K] @ w^T (+ bias [N]) with w float [N, K].
+struct LinearPlan {
+  std::int64_t M = 0, N = 0, K = 0;  // M: the rows of x, batch axes flattened
+  Shape out_shape;
+};
+LinearPlan plan_linear(const Arg& x, const Arg& w, const Arg* bias);
+
 }  // namespace microscale::ops
