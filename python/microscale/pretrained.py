@@ -16,7 +16,9 @@ stored, converted to the model's dtype. The result is an ordinary ``PreTrainedMo
 
 Layouts: compressed-tensors (nvfp4, mxfp4), ModelOpt (nvfp4, W4A16 and W4A4) and MLX (every
 mode), dense and MoE. Experts stored one Linear per expert (compressed-tensors, ModelOpt) are
-stacked once at load; MLX's stacks are used as they are.
+stacked once at load; MLX's stacks are used as they are. W4A4 experts (an activation scale on
+every expert Linear) keep each expert's activation amax and run through the
+``microscale::gather_qqmm`` op, each expert as its own QQLinear would.
 
 :func:`save_pretrained` writes such a model back in its source layout (the layers' bytes as they
 were read).
@@ -106,6 +108,13 @@ def _replace(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
+def _check_w4a4(name: str, q: QuantizedWeight) -> None:
+    """A static activation scale (W4A4) runs with a three-level nvfp4 weight only."""
+    if q.input_amax is not None and (q.mode != "nvfp4" or q.global_scale is None):
+        raise ValueError(f"{name}: a static activation scale with a {q.mode} weight without a "
+                         "global scale; W4A4 is three-level nvfp4")
+
+
 def _linear(name: str, q: QuantizedWeight, linear: torch.nn.Linear,
             tensors: dict[str, np.ndarray], used: set[str]) -> torch.nn.Module:
     """The microscale module for one quantized nn.Linear, with the Linear's bias if it has one."""
@@ -119,10 +128,8 @@ def _linear(name: str, q: QuantizedWeight, linear: torch.nn.Linear,
         used.add(f"{name}.bias")
         bias = _torch(tensors[f"{name}.bias"]).to(linear.bias.dtype)
     biases = None if q.biases is None else _torch(q.biases)
+    _check_w4a4(name, q)
     if q.input_amax is not None:
-        if q.mode != "nvfp4" or q.global_scale is None:
-            raise ValueError(f"{name}: a static activation scale with a {q.mode} weight without a "
-                             "global scale; W4A4 is three-level nvfp4")
         return QQLinear(_torch(q.packed), _torch(q.scales), bias, q.mode, q.group_size, q.bits,
                         q.global_scale, q.input_amax, elem=q.elem)
     return QuantizedLinear(_torch(q.packed), _torch(q.scales), biases, bias, q.mode, q.group_size,
@@ -154,11 +161,12 @@ def _stack(block: str, role: str, members: dict[Optional[int], tuple[str, Quanti
         if (q.mode, q.group_size, q.bits, q.elem) != (first.mode, first.group_size, first.bits,
                                                       first.elem):
             raise ValueError(f"{n}: experts of one block in different formats")
-        if q.input_amax is not None:
-            raise ValueError(f"{n}: static activation scales (W4A4) on experts are not run yet; "
-                             "load a weight-only (W4A16) checkpoint")
+        _check_w4a4(n, q)
         if (q.global_scale is None) != (first.global_scale is None):
             raise ValueError(f"{n}: some experts of the block have a global scale, others not")
+        if (q.input_amax is None) != (first.input_amax is None):
+            raise ValueError(f"{n}: some experts of the block have a static activation scale "
+                             "(W4A4), others not")
 
     def stacked(get: Any) -> Optional[torch.Tensor]:
         arrays = [get(q) for q in parts]
@@ -172,6 +180,9 @@ def _stack(block: str, role: str, members: dict[Optional[int], tuple[str, Quanti
              "shape": [num_experts, *(first.shape[-2:])]}
     if first.global_scale is not None:
         stack["global_scales"] = torch.tensor([q.global_scale for q in parts], dtype=torch.float32)
+    if first.input_amax is not None:
+        stack["input_global_scales"] = torch.tensor([q.input_amax for q in parts],
+                                                    dtype=torch.float32)
     return stack, names
 
 
@@ -399,6 +410,8 @@ def _save_experts(module: QuantizedExperts, layers: dict[str, QuantizedWeight],
         biases = None if biases_t is None else _numpy(biases_t)
         amax_t = getattr(module, f"{role}_global_scales")
         amax = None if amax_t is None else amax_t.tolist()
+        input_amax_t = getattr(module, f"{role}_input_global_scales")
+        input_amax = None if input_amax_t is None else input_amax_t.tolist()
         n, k = int(weight.shape[1]), int(weight.shape[2]) * 8 // module.bits
         spec = (module.mode, module.group_size, module.bits)
         if isinstance(names, str):
@@ -411,4 +424,6 @@ def _save_experts(module: QuantizedExperts, layers: dict[str, QuantizedWeight],
         for e, name in enumerate(names):
             layers[name] = QuantizedWeight(weight[e], scales[e],
                                            None if biases is None else biases[e], *spec, (n, k),
-                                           None if amax is None else amax[e], None, module.elem)
+                                           None if amax is None else amax[e],
+                                           None if input_amax is None else input_amax[e],
+                                           module.elem)

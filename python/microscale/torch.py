@@ -171,14 +171,21 @@ def _gather_qmm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
 _gather_qmm_op = torch.library.custom_op("microscale::gather_qmm", _gather_qmm, mutates_args=())
 
 
+def _gather_shape(x: torch.Tensor, w: torch.Tensor, lhs_indices: Optional[torch.Tensor],
+                  rhs_indices: Optional[torch.Tensor]) -> tuple[int, ...]:
+    """gather_qmm's result shape: the broadcast batch of the two indices (each defaulting to its
+    operand's batch axes), then ``[M, N]``."""
+    lhs = lhs_indices.shape if lhs_indices is not None else x.shape[:-2]
+    rhs = rhs_indices.shape if rhs_indices is not None else w.shape[:-2]
+    return (*torch.broadcast_shapes(lhs, rhs), x.shape[-2], w.shape[-2])
+
+
 @_gather_qmm_op.register_fake
 def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, biases: Optional[torch.Tensor],
       lhs_indices: Optional[torch.Tensor], rhs_indices: Optional[torch.Tensor], mode: str,
       group_size: int, bits: int, global_scale: Optional[float], elem: str) -> torch.Tensor:
-    lhs = lhs_indices.shape if lhs_indices is not None else x.shape[:-2]
-    rhs = rhs_indices.shape if rhs_indices is not None else w.shape[:-2]
-    batch = torch.broadcast_shapes(lhs, rhs)
-    return x.new_empty((*batch, x.shape[-2], w.shape[-2]), dtype=_product_dtype(x, scales, mode))
+    return x.new_empty(_gather_shape(x, w, lhs_indices, rhs_indices),
+                       dtype=_product_dtype(x, scales, mode))
 
 
 def _qqmm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor],
@@ -206,7 +213,59 @@ def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[tor
     return x.new_empty((*x.shape[:-1], w.shape[-2]))
 
 
-# ---- CUDA kernels of the three ops: microscale._cuda on the tensors' device memory, the result
+def _each_expert(x: torch.Tensor, w: torch.Tensor, rhs_indices: torch.Tensor,
+                 input_global_scales: torch.Tensor, global_scales: torch.Tensor,
+                 product: Any) -> torch.Tensor:
+    """gather_qmm's routing (x ``[..., M, K]`` broadcast against ``rhs_indices``) with the rows
+    of each expert present multiplied together: ``product(rows [R, M, K], expert, its input
+    amax, its weight amax)`` gives their ``[R, M, N]``, scattered back in place."""
+    if rhs_indices.dtype not in (torch.int32, torch.int64, torch.uint32):
+        raise TypeError(f"gather_qqmm: rhs_indices must be int32, int64 or uint32, got "
+                        f"{rhs_indices.dtype}")
+    try:
+        batch = torch.broadcast_shapes(x.shape[:-2], rhs_indices.shape)
+    except RuntimeError:  # gather_qmm's refusal, as a ValueError
+        raise ValueError(f"gather_qqmm: index shapes {tuple(x.shape[:-2])} and "
+                         f"{tuple(rhs_indices.shape)} do not broadcast") from None
+    xs = x.expand(*batch, *x.shape[-2:])
+    index = rhs_indices.expand(batch)
+    y = x.new_empty(_gather_shape(x, w, None, rhs_indices))
+    experts = int(w.shape[0])
+    # Python floats equal to the float32 amaxes, as QQLinear holds its own.
+    amax_x, amax_w = input_global_scales.tolist(), global_scales.tolist()
+    for e in torch.unique(index).tolist():
+        if not 0 <= e < experts:
+            raise ValueError(f"gather_qqmm: rhs_indices value {e} is out of range [0, {experts})")
+        rows = index == e
+        y[rows] = product(xs[rows], e, amax_x[e], amax_w[e])
+    return y
+
+
+def _gather_qqmm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+                 global_scales: torch.Tensor, input_global_scales: torch.Tensor,
+                 rhs_indices: torch.Tensor, mode: str, group_size: int, bits: int,
+                 scale_rule: str, nonfinite: str, elem: str) -> torch.Tensor:
+    """W4A4 experts: each (token, expert) as a QQLinear of that expert would compute it (qqmm
+    with the expert's static activation amax and weight amax), the experts looped over here,
+    inside the op, so that torch.compile sees one opaque call."""
+    return _each_expert(x, w, rhs_indices, input_global_scales, global_scales,
+                        lambda rows, e, gx, gw: _qqmm(rows, w[e], scales[e], None, mode,
+                                                      group_size, bits, gx, gw, scale_rule,
+                                                      nonfinite, elem))
+
+
+_gather_qqmm_op = torch.library.custom_op("microscale::gather_qqmm", _gather_qqmm,
+                                          mutates_args=())
+
+
+@_gather_qqmm_op.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, global_scales: torch.Tensor,
+      input_global_scales: torch.Tensor, rhs_indices: torch.Tensor, mode: str, group_size: int,
+      bits: int, scale_rule: str, nonfinite: str, elem: str) -> torch.Tensor:
+    return x.new_empty(_gather_shape(x, w, None, rhs_indices))
+
+
+# ---- CUDA kernels of the four ops: microscale._cuda on the tensors' device memory, the result
 # allocated here by torch and the work queued on torch's current stream.
 
 _CUDA_MISSING = ("microscale was built without its CUDA backend (microscale._cuda): nvcc was not "
@@ -265,10 +324,8 @@ def _gather_qmm_cuda(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
                      rhs_indices: Optional[torch.Tensor], mode: str, group_size: int, bits: int,
                      global_scale: Optional[float], elem: str) -> torch.Tensor:
     x = x.contiguous()
-    lhs = lhs_indices.shape if lhs_indices is not None else x.shape[:-2]
-    rhs = rhs_indices.shape if rhs_indices is not None else w.shape[:-2]
-    shape = (*torch.broadcast_shapes(lhs, rhs), x.shape[-2], w.shape[-2])
-    return _cuda_call(x, shape, _product_dtype(x, scales, mode),
+    return _cuda_call(x, _gather_shape(x, w, lhs_indices, rhs_indices),
+                      _product_dtype(x, scales, mode),
                       lambda cuda, y, stream: cuda.gather_qmm(
                           x, _codes(w), _codes(scales), biases,
                           None if lhs_indices is None else lhs_indices.contiguous(),
@@ -291,6 +348,17 @@ def _qqmm_cuda(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
                   scale_rule, nonfinite, elem, bias, y, stream)
 
     return _cuda_call(x, (*x.shape[:-1], w.shape[-2]), x.dtype, run)
+
+
+@_gather_qqmm_op.register_kernel("cuda")
+def _gather_qqmm_cuda(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
+                      global_scales: torch.Tensor, input_global_scales: torch.Tensor,
+                      rhs_indices: torch.Tensor, mode: str, group_size: int, bits: int,
+                      scale_rule: str, nonfinite: str, elem: str) -> torch.Tensor:
+    return _each_expert(x, w, rhs_indices, input_global_scales, global_scales,
+                        lambda rows, e, gx, gw: _qqmm_cuda(rows, w[e], scales[e], None, mode,
+                                                           group_size, bits, gx, gw, scale_rule,
+                                                           nonfinite, elem))
 
 
 # The byte whose codes are each element format's largest positive value (FP4 packs two codes).
@@ -563,9 +631,12 @@ class QuantizedExperts(torch.nn.Module):
     and down. Experts quantized with one global scale each are multiplied in two-level form and
     their outputs scaled by ``amax / 2688`` per expert, which differs from scaling each block's
     decoded scale only in float32 rounding. ``gate_bias`` / ``up_bias`` / ``down_bias`` ``[E, N]``
-    (gpt-oss) are added to each product. ``activation`` is ``"swiglu"`` (``act(gate) * up``,
-    transformers' default experts) or ``"gpt_oss"`` (its clamped gate with ``alpha`` and
-    ``limit``)."""
+    (gpt-oss) are added to each product. A stack with ``input_global_scales`` (buffer
+    ``{role}_input_global_scales`` ``[E]``: each expert's static activation amax, three-level
+    nvfp4 only) runs W4A4: each expert's input quantized with its own amax and multiplied as a
+    :class:`QQLinear` of that expert would (``microscale::gather_qqmm``). ``activation`` is
+    ``"swiglu"`` (``act(gate) * up``, transformers' default experts) or ``"gpt_oss"`` (its
+    clamped gate with ``alpha`` and ``limit``)."""
 
     ROLES = ("gate", "up", "down")
 
@@ -593,10 +664,19 @@ class QuantizedExperts(torch.nn.Module):
             uniform = amax is None or bool((amax == amax[0]).all())
             self._stack_amax[role] = None if amax is None or not uniform else float(amax[0])
             self._per_expert_amax[role] = not uniform
+            input_amax = s.get("input_global_scales")
+            if input_amax is not None and (s["mode"] != "nvfp4" or amax is None):
+                raise ValueError(f"QuantizedExperts: {role}: input_global_scales need a "
+                                 "three-level nvfp4 stack (global_scales); W4A4 is nvfp4")
+            if input_amax is not None and tuple(input_amax.shape) != (s["weight"].shape[0],):
+                raise ValueError(f"QuantizedExperts: {role}: input_global_scales is "
+                                 f"{list(input_amax.shape)}, expected one amax per expert "
+                                 f"[{s['weight'].shape[0]}]")
             self.register_buffer(f"{role}_weight", s["weight"])
             self.register_buffer(f"{role}_scales", s["scales"])
             self.register_buffer(f"{role}_biases", s.get("biases"))
             self.register_buffer(f"{role}_global_scales", s.get("global_scales"))
+            self.register_buffer(f"{role}_input_global_scales", input_amax)
             bias = (expert_biases or {}).get(role)
             self.register_buffer(f"{role}_bias", bias)
 
@@ -610,7 +690,13 @@ class QuantizedExperts(torch.nn.Module):
         # x's batch axes [T, 1] or [T, k] broadcast against index [T, k] (gather_qmm's default
         # lhs_indices), so every token meets each of its k experts.
         gather = _gather_qmm if _eager(x) else torch.ops.microscale.gather_qmm
-        if not self._per_expert_amax[role]:
+        input_amax: Optional[torch.Tensor] = getattr(self, f"{role}_input_global_scales")
+        if input_amax is not None:  # W4A4 with QQLinear's default rounding rules, as loaded
+            gather_qq = _gather_qqmm if _eager(x) else torch.ops.microscale.gather_qqmm
+            y = gather_qq(x, weight, scales, getattr(self, f"{role}_global_scales"), input_amax,
+                          index, self.mode, self.group_size, self.bits, "ceil", "propagate",
+                          self.elem)[:, :, 0, :]
+        elif not self._per_expert_amax[role]:
             y = gather(_widened(x), weight, scales, getattr(self, f"{role}_biases"), None, index,
                        self.mode, self.group_size, self.bits, self._stack_amax[role],
                        self.elem)[:, :, 0, :]

@@ -134,6 +134,16 @@ def _cases():
 
     t_experts = mst.QuantizedExperts({"gate": expert_stack(32, 64, 11), "up": expert_stack(32, 64, 12),
                                       "down": expert_stack(64, 32, 13)}, torch.nn.functional.silu)
+
+    def w4a4_stack(n, k, seed):
+        w = _rng_tensor((2, n, k), seed)
+        amax = float(w.abs().max())
+        packed, scales = _parts(w, mode="nvfp4", global_scale=amax)
+        return {"weight": packed, "scales": scales, "mode": "nvfp4", "group_size": 16, "bits": 4, "elem": "e4m3",
+                "global_scales": torch.full((2,), amax), "input_global_scales": torch.tensor([3.0, 5.0])}
+
+    t_w4a4_experts = mst.QuantizedExperts({"gate": w4a4_stack(32, 64, 14), "up": w4a4_stack(32, 64, 15),
+                                           "down": w4a4_stack(64, 32, 16)}, torch.nn.functional.silu)
     routing = (torch.tensor([[1], [0], [1], [0]]), torch.full((4, 1), 0.5))
 
     def gs_tensor():
@@ -206,6 +216,8 @@ def _cases():
         ("torch.QuantizedLinear.forward", lambda x: t_linear(x), {"x": x}),
         ("torch.QQLinear.forward", lambda x: t_qq(x), {"x": x}),
         ("torch.QuantizedExperts.forward", lambda hidden_states: t_experts(hidden_states, *routing),
+         {"hidden_states": x}),
+        ("torch.QuantizedExperts.forward W4A4", lambda hidden_states: t_w4a4_experts(hidden_states, *routing),
          {"hidden_states": x}),
     ]
 

@@ -21,7 +21,7 @@ import microscale  # noqa: E402
 import microscale.torch as mst  # noqa: E402
 from torch._subclasses import FakeTensorMode  # noqa: E402
 
-OPS = ("quantized_matmul", "gather_qmm", "qqmm")
+OPS = ("quantized_matmul", "gather_qmm", "qqmm", "gather_qqmm")
 
 
 def _nvcc_here():
@@ -135,15 +135,18 @@ def _linear_modules():
             "QQLinear": mst.QQLinear.from_linear(lin)}
 
 
-def _experts(per_expert_amax):
+def _experts(per_expert_amax, w4a4=False):
     def stack(n, k, seed):
         w = torch.randn(2, n, k, generator=torch.Generator().manual_seed(seed))
         amax = torch.stack([w[e].abs().max() for e in range(2)])
         if not per_expert_amax:
             amax = amax.max().expand(2).clone()
         packed, scales = microscale.quantize(w.reshape(2 * n, k), mode="nvfp4", global_scale=float(amax.max()))
-        return {"weight": packed.reshape(2, n, k // 2), "scales": scales.reshape(2, n, k // 16), "mode": "nvfp4",
-                "group_size": 16, "bits": 4, "elem": "e4m3", "global_scales": amax}
+        parts = {"weight": packed.reshape(2, n, k // 2), "scales": scales.reshape(2, n, k // 16), "mode": "nvfp4",
+                 "group_size": 16, "bits": 4, "elem": "e4m3", "global_scales": amax}
+        if w4a4:
+            parts["input_global_scales"] = torch.tensor([3.0, 4.0])
+        return parts
 
     return mst.QuantizedExperts({"gate": stack(32, 64, 1), "up": stack(32, 64, 2), "down": stack(64, 32, 3)},
                                 torch.nn.functional.silu)
@@ -155,7 +158,7 @@ def test_fake_cuda_forward_and_compile_tracing(dtype):
     the custom ops to their fake implementations with CUDA tensors, and torch.compile traces
     the quantized layers in one graph (fullgraph) with CUDA outputs of the right shape and dtype."""
     modules = {**_linear_modules(), "QuantizedExperts": _experts(False),
-               "QuantizedExperts-per-expert": _experts(True)}
+               "QuantizedExperts-per-expert": _experts(True), "QuantizedExperts-w4a4": _experts(True, w4a4=True)}
     graphs = []
 
     def capture(gm, example_inputs):
@@ -187,7 +190,7 @@ def test_fake_cuda_forward_and_compile_tracing(dtype):
 
 def test_pretrained_modules_keep_their_tensors_as_buffers():
     """model.to("cuda") moves what .to() sees: each module's tensors are all buffers."""
-    for module in (*_linear_modules().values(), _experts(True)):
+    for module in (*_linear_modules().values(), _experts(True), _experts(True, w4a4=True)):
         registered = {id(t) for t in module.buffers()}
         loose = [k for k, v in vars(module).items() if isinstance(v, torch.Tensor) and id(v) not in registered]
         assert not loose, (type(module).__name__, loose)
@@ -206,7 +209,10 @@ def test_cuda_kernel_without_a_device_raises_the_clear_error(cuda_ext, op):
     args = {"quantized_matmul": (x, lin.weight, lin.scales, None, None, "nvfp4", 16, 4, None, "e4m3"),
             "gather_qmm": (x.view(3, 1, 1, 64), lin.weight[None], lin.scales[None], None, None,
                            torch.zeros(3, 1, dtype=torch.int64), "nvfp4", 16, 4, None, "e4m3"),
-            "qqmm": (x, lin.weight, lin.scales, None, "nvfp4", 16, 4, None, None, "ceil", "propagate", "e4m3")}
+            "qqmm": (x, lin.weight, lin.scales, None, "nvfp4", 16, 4, None, None, "ceil", "propagate", "e4m3"),
+            "gather_qqmm": (x.view(3, 1, 1, 64), lin.weight[None], lin.scales[None], torch.tensor([lin.global_scale]),
+                            torch.tensor([4.0]), torch.zeros(3, 1, dtype=torch.int64), "nvfp4", 16, 4, "ceil",
+                            "propagate", "e4m3")}
     overload = getattr(torch.ops.microscale, op).default
     with pytest.raises(RuntimeError, match="CUDA backend: no CUDA device it has kernels for"):
         overload.redispatch(_cuda_keyset(), *args[op])
@@ -234,7 +240,7 @@ def _gpu_ready():
 @pytest.mark.parametrize("arch", ["llama", "mixtral"])
 def test_fixture_model_logits_on_cuda_match_the_cpu(arch, tmp_path):
     """A fixture model from_pretrained, moved to the GPU: its logits equal the CPU's up to float32
-    summation order (test_pretrained's tolerance), and a QQLinear's too."""
+    summation order (test_pretrained's tolerance), and a QQLinear's and W4A4 experts' too."""
     from ckpt_support import ROOT, ok, skip_without_cli
 
     skip_without_cli()
@@ -251,4 +257,10 @@ def test_fixture_model_logits_on_cuda_match_the_cpu(arch, tmp_path):
     x = torch.randn(3, 64)
     want = qq(x)
     got = qq.to("cuda")(x.to("cuda")).cpu()
+    assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-5
+    experts = _experts(True, w4a4=True)
+    hidden, weights = torch.randn(5, 64), torch.rand(5, 2)
+    index = torch.tensor([[0, 1], [1, 1], [1, 0], [0, 0], [0, 1]])
+    want = experts(hidden, index, weights)
+    got = experts.to("cuda")(hidden.to("cuda"), index.to("cuda"), weights.to("cuda")).cpu()
     assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-5
