@@ -841,8 +841,8 @@ __all__ += ["QuantizedWeight", "LoadedCheckpoint", "load_checkpoint", "save_chec
 
 
 # Quantized matrix products and the layers built on them (FORMATS.md section 6).
-from .matmul import gather_qmm, qqmm, quantized_matmul  # noqa: E402
+from .matmul import gather_qmm, linear, qqmm, quantized_matmul  # noqa: E402
 from .layers import QQLinear, QuantizedEmbedding, QuantizedLinear  # noqa: E402
 
-__all__ += ["quantized_matmul", "qqmm", "gather_qmm", "QuantizedLinear", "QuantizedEmbedding",
+__all__ += ["quantized_matmul", "qqmm", "gather_qmm", "linear", "QuantizedLinear", "QuantizedEmbedding",
             "QQLinear"]

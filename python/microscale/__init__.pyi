@@ -127,6 +127,10 @@ def quantized_matmul(x: ArrayIn, w_q: ArrayIn, scales: ArrayIn, biases: Optional
                      bits: Optional[int] = ..., global_scale_w: Optional[Scalar] = ...,
                      elem: str = ..., bias: Optional[ArrayIn] = ..., out_type: OutTypeArg = ...) -> Any: ...
 @overload
+def linear(x: NDArray, w: ArrayIn, bias: Optional[ArrayIn] = ..., out_type: _NumpyOut = ...) -> NDArray: ...
+@overload
+def linear(x: ArrayIn, w: ArrayIn, bias: Optional[ArrayIn] = ..., out_type: OutTypeArg = ...) -> Any: ...
+@overload
 def qqmm(x: NDArray, w: ArrayIn, scales: Optional[ArrayIn] = ..., mode: str = ...,
          group_size: Optional[int] = ..., bits: Optional[int] = ..., global_scale_x: Optional[Scalar] = ...,
          global_scale_w: Optional[Scalar] = ..., scale_rule: str = ..., nonfinite: str = ...,

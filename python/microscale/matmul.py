@@ -82,6 +82,27 @@ def quantized_matmul(x, w_q, scales, biases=None, transpose=True, mode="nvfp4", 
                     _out_kind(out_type, x))
 
 
+def linear(x, w, bias=None, out_type=None):
+    """``x @ w^T (+ bias)`` for a float weight ``w [N, K]`` (float32, float16 or bfloat16, read in
+    its own dtype): the layers a quantized model keeps unquantized, such as a language model's
+    head. Summed in float32 and rounded once to x's dtype. Made for few rows of x (decode), where
+    reading w is the cost; a GEMM library serves many rows better.
+
+    Args:
+      x: float ``[..., K]`` (host arrays, as :func:`quantized_matmul` takes them).
+      w: float ``[N, K]``.
+      bias: optional float ``[N]``.
+      out_type: None (x's array type), ``"numpy"``, ``"torch"`` or ``"mlx"``.
+
+    Returns:
+      ``[..., N]`` in x's dtype.
+    """
+    xa = _float_input(x, "x")
+    wa = _float_input(w, "w")
+    ya = _optional(bias, "bias", _FLOATS)
+    return _deliver(_core.linear(xa, wa, ya), _out_kind(out_type, x))
+
+
 def qqmm(x, w, scales=None, mode="nvfp4", group_size=None, bits=None, global_scale_x=None,
          global_scale_w=None, scale_rule="ceil", nonfinite="propagate", elem="e4m3", bias=None,
          out_type=None):

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .checkpoint import QuantizedWeight, load_checkpoint, save_checkpoint
-from .torch import QQLinear, QuantizedExperts, QuantizedLinear
+from .torch import DenseLinear, QQLinear, QuantizedExperts, QuantizedLinear
 
 __all__ = ["from_pretrained", "save_pretrained"]
 
@@ -325,6 +325,9 @@ def from_pretrained(path: Any, dtype: Optional[torch.dtype] = None,
                          f"not hold ({len(missing)} missing)")
     model.eval()
     model.requires_grad_(False)
+    for name, module in list(model.named_modules()):  # the layers left in float: lm_head, routers
+        if type(module) is torch.nn.Linear:
+            _replace(model, name, DenseLinear.sharing(module))
     # What save_pretrained needs to write the source layout back: {model key: checkpoint key}
     # for the renamed keys (experts keep their checkpoint names on their module).
     renamed = {v: k for k, v in names.items() if k != v}

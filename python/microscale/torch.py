@@ -38,10 +38,10 @@ import numpy as np
 import torch
 
 from . import (OutType, _core, _deliver, _float_input, _global_scale_arg, dequantize, gather_qmm,
-               qqmm, quantize, quantized_matmul)
+               linear, qqmm, quantize, quantized_matmul)
 from . import global_scale as global_scale_of
 
-__all__ = ["FakeQuantize", "fake_quantize", "QuantizedLinear", "QQLinear", "QuantizedExperts",
+__all__ = ["FakeQuantize", "fake_quantize", "QuantizedLinear", "QQLinear", "DenseLinear", "QuantizedExperts",
            "from_pretrained", "save_pretrained"]
 
 # ---- torch custom ops (torch.library): the products as operators torch.compile traces through
@@ -156,6 +156,38 @@ def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, biases: Optional[t
       bias: Optional[torch.Tensor], mode: str, group_size: int, bits: int,
       global_scale: Optional[float], elem: str) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], w.shape[-2]), dtype=_product_dtype(x, scales, mode))
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    _follow_torch_threads()
+    y: torch.Tensor = linear(x.contiguous(), w.contiguous(), bias, out_type="torch")
+    return y
+
+
+_linear_op = torch.library.custom_op("microscale::linear", _linear, mutates_args=())
+
+
+@_linear_op.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, w, _ = inputs
+    ctx.save_for_backward(x, w)
+
+
+def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+    """nn.Linear's gradients, in torch: y = x w^T + b."""
+    x, w = ctx.saved_tensors
+    rows = grad.reshape(-1, grad.shape[-1])
+    gx = (grad @ w.to(grad.dtype)).to(x.dtype) if ctx.needs_input_grad[0] else None
+    gw = (rows.T @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(w.dtype) if ctx.needs_input_grad[1] else None
+    gb = rows.sum(0) if ctx.needs_input_grad[2] else None
+    return gx, gw, gb
+
+
+_linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
 def _gather_qmm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
@@ -618,6 +650,41 @@ class QQLinear(torch.nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"mode={self.mode!r}, global_scale={self.global_scale}, "
                 f"input_global_scale={self.input_global_scale}")
+
+
+class DenseLinear(torch.nn.Linear):
+    """An ``nn.Linear`` whose products of up to ``MAX_ROWS`` rows on the CPU (decode) run
+    :func:`microscale.linear`: the weight read once, in its own dtype, by microscale's threads.
+    A quantized model keeps some layers in bfloat16, and a language model's head is the largest
+    of them (525 MB in a 1B Llama): torch's bfloat16 product reads it at about half the memory
+    bandwidth. More rows and other devices take ``nn.Linear``'s own path; gradients are
+    nn.Linear's, computed by torch. The result differs from nn.Linear's only in float32
+    summation order."""
+
+    MAX_ROWS = 8
+
+    @classmethod
+    def sharing(cls, module: torch.nn.Linear) -> "DenseLinear":
+        """A DenseLinear holding ``module``'s own parameters (not copies: tied weights stay
+        tied)."""
+        dense = cls.__new__(cls)
+        torch.nn.Module.__init__(dense)
+        dense.in_features, dense.out_features = module.in_features, module.out_features
+        dense.weight = module.weight
+        dense.bias = module.bias
+        return dense
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _same_device(x, self.weight, "x")
+        if _eager(x):  # refused here by its own name, not as torch's matmul operand
+            _float_input(x, "x")
+        if (x.device.type != "cpu" or x.numel() > self.MAX_ROWS * self.in_features
+                or x.dtype != self.weight.dtype):
+            return super().forward(x)
+        grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        run = _linear if _eager(x) and not grad else torch.ops.microscale.linear
+        y: torch.Tensor = run(x, self.weight, self.bias)
+        return y
 
 
 class QuantizedExperts(torch.nn.Module):

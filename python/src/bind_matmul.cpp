@@ -47,6 +47,15 @@ nb::object py_gather_qmm(const Array& x, const Array& w_q, const Array& scales, 
   return to_numpy(std::move(y));
 }
 
+nb::object py_linear(const Array& x, const Array& w, const OptArray& bias) {
+  ms::Tensor y;
+  {
+    nb::gil_scoped_release release;
+    y = ms::linear(x.view, w.view, view_or_null(bias));
+  }
+  return to_numpy(std::move(y));
+}
+
 }  // namespace
 
 void bind_matmul(nb::module_& m) {
@@ -56,4 +65,5 @@ void bind_matmul(nb::module_& m) {
         nb::arg("global_scale_x").none(), nb::arg("global_scale_w").none(), nb::arg("bias").none());
   m.def("gather_qmm", &py_gather_qmm, nb::arg("x"), nb::arg("w_q"), nb::arg("scales"), nb::arg("biases").none(),
         nb::arg("lhs").none(), nb::arg("rhs").none(), nb::arg("transpose"), nb::arg("spec"), nb::arg("sorted_indices"));
+  m.def("linear", &py_linear, nb::arg("x"), nb::arg("w"), nb::arg("bias").none());
 }

@@ -72,8 +72,9 @@ Tensor linear(const TensorView& x, const TensorView& w, const TensorView* bias) 
   if (k.linear == nullptr)
     throw Error("linear: runs on the cpu and reference backends only (its operands or the backend setting chose cuda)");
   const std::vector<float> xf = host_f32(x), bf = bias_f32(bias);
+  const detail::Rows wr = detail::rows_of(w);  // a strided (transposed, sliced) w is copied once
   std::vector<float> y(static_cast<std::size_t>(p.M * p.N));
-  k.linear(xf.data(), p.M, w.data, w.dtype, p.N, p.K, bf.empty() ? nullptr : bf.data(), y.data());
+  k.linear(xf.data(), p.M, wr.data, w.dtype, p.N, p.K, bf.empty() ? nullptr : bf.data(), y.data());
   return to_dtype(y, x.dtype, p.out_shape);
 }
 

@@ -102,6 +102,20 @@ TEST(Linear, ShapesAndDtypes) {
   EXPECT_EQ(one.shape(), (ms::Shape{5}));
 }
 
+TEST(Linear, StridedWeightGivesTheContiguousResult) {
+  const std::int64_t M = 2, N = 5, K = 24;
+  const auto x = halfable(M * K, 8), w = halfable(N * K, 9);
+  const ms::TensorView xv(x.data(), ms::DType::float32, {M, K});
+  std::vector<float> wt(static_cast<std::size_t>(K * N));  // w stored transposed, viewed back as [N, K]
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t k = 0; k < K; ++k)
+      wt[static_cast<std::size_t>(k * N + n)] = w[static_cast<std::size_t>(n * K + k)];
+  const ms::TensorView strided(wt.data(), ms::DType::float32, {N, K}, {1, N});
+  const ms::Tensor want = ms::linear(xv, ms::TensorView(w.data(), ms::DType::float32, {N, K}));
+  const ms::Tensor got = ms::linear(xv, strided);
+  EXPECT_EQ(std::memcmp(want.bytes(), got.bytes(), want.nbytes()), 0);
+}
+
 TEST(Linear, SameBytesForEveryThreadCount) {
   const std::int64_t M = 3, N = 300, K = 520;
   const auto x = halfable(M * K, 6), w = halfable(N * K, 7);

@@ -356,6 +356,8 @@ def test_custom_ops_pass_torch_opcheck():
     index = torch.tensor([[0, 3], [2, 2], [1, 0]])
     torch.library.opcheck(torch.ops.microscale.gather_qmm.default,
                           (x.view(3, 1, 1, 64), stack_q, stack_s, None, None, index, "mxfp4", 32, 4, None, "e4m3"))
+    torch.library.opcheck(torch.ops.microscale.linear.default, (x, w.bfloat16().float(), torch.randn(32)))
+    torch.library.opcheck(torch.ops.microscale.linear.default, (x[:1].bfloat16(), w.bfloat16(), None))
     experts, _ = _w4a4_experts(num_experts=4, hidden=64)
     for xs in (x.view(3, 1, 1, 64), x.view(3, 1, 1, 64).expand(3, 2, 1, 64).contiguous()):
         torch.library.opcheck(torch.ops.microscale.gather_qqmm.default,
@@ -487,3 +489,18 @@ def test_text_generation_pipeline(checkpoints):
     kwargs = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
     text = generate("hello world", **kwargs)[0]["generated_text"]
     assert text.startswith("hello world") and text == ref("hello world", **kwargs)[0]["generated_text"]
+
+
+def test_float_layers_run_microscale_linear_sharing_their_weights(checkpoints):
+    """The layers a checkpoint keeps in float (lm_head, routers) become DenseLinear over the same
+    Parameter objects: a tied head stays the embedding, and the logits are the reference's."""
+    quantized, dequantized = checkpoints("llama", "nvfp4", "compressed-tensors")
+    model = mst.from_pretrained(quantized, dtype=torch.float32)
+    head = model.get_output_embeddings()
+    assert isinstance(head, mst.DenseLinear)
+    if model.config.tie_word_embeddings:
+        assert head.weight is model.get_input_embeddings().weight
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    ids = tokens(model)
+    with torch.no_grad():
+        assert relative_error(model(ids).logits, reference(dequantized)(ids).logits) <= TOLERANCE

@@ -126,6 +126,7 @@ def _cases():
     qq = microscale.QQLinear.from_linear(w.numpy(), mode="nvfp4")
     t_linear = mst.QuantizedLinear.from_linear(torch.nn.Linear(64, 8))
     t_qq = mst.QQLinear.from_linear(torch.nn.Linear(64, 8), mode="mxfp8")
+    t_dense = mst.DenseLinear.sharing(torch.nn.Linear(64, 8).requires_grad_(False))
 
     def expert_stack(n, k, seed):
         packed, scales = _parts(_rng_tensor((2, n, k), seed), mode="mxfp4")
@@ -183,6 +184,7 @@ def _cases():
                                                                      group_size=32),
          {"x": xb, "w_q": wq_a, "scales": s_a, "biases": b_a}),
         ("qqmm float", lambda x, w: microscale.qqmm(x, w, mode="mxfp8"), {"x": x, "w": w}),
+        ("linear", lambda x, w, bias: microscale.linear(x, w, bias), {"x": x, "w": w, "bias": bias}),
         ("qqmm packed", lambda x, w, scales: microscale.qqmm(x, w, scales, mode="nvfp4"),
          {"x": x, "w": wq, "scales": s}),
         ("gather_qmm",
@@ -215,6 +217,7 @@ def _cases():
          lambda weight, bias: mst.QuantizedLinear.from_linear(weight, bias, mode="mxfp8")(x), {"weight": w, "bias": bias}),
         ("torch.QuantizedLinear.forward", lambda x: t_linear(x), {"x": x}),
         ("torch.QQLinear.forward", lambda x: t_qq(x), {"x": x}),
+        ("torch.DenseLinear.forward", lambda x: t_dense(x), {"x": x}),
         ("torch.QuantizedExperts.forward", lambda hidden_states: t_experts(hidden_states, *routing),
          {"hidden_states": x}),
         ("torch.QuantizedExperts.forward W4A4", lambda hidden_states: t_w4a4_experts(hidden_states, *routing),

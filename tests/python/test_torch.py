@@ -304,3 +304,50 @@ def test_forked_child_runs_products_on_its_own_pool():
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+
+# ---- DenseLinear: an nn.Linear whose few-row CPU products run microscale.linear
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_dense_linear_equals_nn_linear_up_to_summation_order(dtype, rows):
+    torch.manual_seed(rows)
+    lin = torch.nn.Linear(300, 77).to(dtype).requires_grad_(False)
+    dense = mst.DenseLinear.sharing(lin)
+    assert dense.weight is lin.weight and dense.bias is lin.bias
+    x = torch.randn(rows, 300).to(dtype)
+    got = dense(x)
+    assert got.dtype == dtype and got.shape == (rows, 77)
+    exact = x.double() @ lin.weight.double().T + lin.bias.double()
+    # Float32 sums of 300 products, rounded once to dtype: within the sum's bound plus one rounding.
+    magnitude = x.double().abs() @ lin.weight.double().abs().T + lin.bias.double().abs()
+    rounding = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
+    assert ((got.double() - exact).abs() <= 301 * 2.0 ** -24 * magnitude + rounding * exact.abs()).all()
+
+
+def test_dense_linear_takes_torchs_path_for_many_rows_and_gives_linears_gradients():
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(64, 16)
+    dense = mst.DenseLinear.sharing(lin)
+    x = torch.randn(9, 64)
+    assert torch.equal(dense(x), lin(x))  # more than MAX_ROWS rows: nn.Linear itself
+    x1 = torch.randn(2, 64, requires_grad=True)
+    y = dense(x1)
+    with torch.no_grad():
+        assert torch.equal(y, dense(x1))  # with or without gradients: the same product
+    g = torch.randn(2, 16)
+    y.backward(g)
+    assert torch.allclose(x1.grad, g @ lin.weight, atol=1e-6)
+    assert torch.allclose(lin.weight.grad, g.T @ x1.detach(), atol=1e-6)
+    assert torch.allclose(lin.bias.grad, g.sum(0))
+
+
+def test_microscale_linear_refuses_by_name():
+    with pytest.raises(ValueError, match="linear: x's last axis"):
+        microscale.linear(np.ones((2, 8), np.float32), np.ones((4, 16), np.float32))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        microscale.linear(np.ones((2, 8), np.float32), np.ones((4, 8), np.float32), np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="w: unsupported dtype int32"):
+        microscale.linear(np.ones((2, 8), np.float32), np.ones((4, 8), np.int32))

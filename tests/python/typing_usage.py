@@ -17,6 +17,7 @@ def numpy_use() -> float:
     fq = microscale.quantize_dequantize(w, mode="mxfp4", scale_rule="floor")
     mm = microscale.quantized_matmul(np.ones((2, 64), np.float32), wq, scales, mode="nvfp4")
     qq = microscale.qqmm(w, w, mode="mxfp8", elem="e5m2")
+    dense: np.ndarray[Any, np.dtype[Any]] = microscale.linear(np.ones((1, 64), np.float32), w)
     layer = microscale.QuantizedLinear.from_linear(w, mode="nvfp4")
     out = layer(np.ones((1, 64), np.float32))
     q2 = microscale.QQLinear.from_linear(w).calibrate([w, 2 * w])
@@ -27,7 +28,7 @@ def numpy_use() -> float:
     back = microscale.decode(codes, "e4m3", out_type=microscale.OutType.numpy)
     microscale.set_num_threads(1)
     targets: list[str] = microscale.available_cpu_targets()
-    return float(y.sum() + fq.sum() + mm.sum() + qq.sum() + out.sum() + back.sum()) + len(targets) + (
+    return float(y.sum() + fq.sum() + mm.sum() + qq.sum() + out.sum() + back.sum() + dense.sum()) + len(targets) + (
         q2.out_features + as_float.in_features + emb.dims + qq_float.out_features)
 
 

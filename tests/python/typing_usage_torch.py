@@ -16,7 +16,8 @@ def train_step(w: torch.Tensor, x: torch.Tensor) -> float:
     qq = mst.QQLinear.from_linear(w).calibrate([x])
     lin_float: mst.QuantizedLinear = mst.QuantizedLinear.from_float(torch.nn.Linear(64, 32), mode="mxfp8")
     qq_float: mst.QQLinear = mst.QQLinear.from_float(torch.nn.Linear(64, 32), None, "mxfp4")
-    out: torch.Tensor = lin(x) + qq(x)
+    dense: mst.DenseLinear = mst.DenseLinear.sharing(torch.nn.Linear(64, 32))
+    out: torch.Tensor = lin(x) + qq(x) + dense(x)
     return float(out.sum()) + float(loss) + lin.in_features + lin_float.out_features + qq_float.out_features
 
 
