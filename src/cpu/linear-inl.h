@@ -2,8 +2,9 @@
 // (+ bias[n]) for a float weight w [N, K] (float32, bfloat16 or float16) read in its own dtype,
 // each weight row once per pass over up to kRowsPerPass rows of x. Made for the unquantized layers
 // of a quantized model at decode (a language model's head is the largest of them), where reading
-// the weight is the whole cost. Sums are float32: each lane sums its stride of k in order, the
-// lanes are then added, then the last K % lanes products in order (docs/numerics.md, "Matmuls").
+// the weight is the whole cost. Sums are float32: each lane keeps two sums over the even and the
+// odd vectors of k, each in order; they are added, then the lanes, then the last K % lanes
+// products in order (docs/numerics.md, "Matmuls").
 
 #if defined(MICROSCALE_CPU_LINEAR_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef MICROSCALE_CPU_LINEAR_INL_H_
@@ -40,22 +41,35 @@ template <int kM, class TW>
 HWY_INLINE void LinearPass(const float* x, std::int64_t m0, const TW* w, std::int64_t n0, std::int64_t n1,
                            std::int64_t N, std::int64_t K, const float* bias, float* y) {
   const DF df;
-  const std::int64_t vec_end = K - K % static_cast<std::int64_t>(kN);
+  const std::int64_t step = static_cast<std::int64_t>(kN);
+  const std::int64_t vec_end = K - K % step, pair_end = K - K % (2 * step);
   for (std::int64_t n = n0; n < n1; ++n) {
     const TW* row = w + n * K;
+    // Two sums per row of x (even and odd vectors of k) halve the chain of dependent additions.
     VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-    for (std::int64_t k = 0; k < vec_end; k += static_cast<std::int64_t>(kN)) {
-      const VF wv = Load(row + k);
+    VF b0 = hn::Zero(df), b1 = hn::Zero(df), b2 = hn::Zero(df), b3 = hn::Zero(df);
+    for (std::int64_t k = 0; k < pair_end; k += 2 * step) {
+      const VF wa = Load(row + k), wb = Load(row + k + step);
       Rows<kM>([&](auto m) {
-        VF& a = Pick<decltype(m)::value>(a0, a1, a2, a3);
-        a = hn::MulAdd(wv, Load(x + (m0 + m) * K + k), a);
+        constexpr int kI = decltype(m)::value;
+        const float* xr = x + (m0 + kI) * K + k;
+        Pick<kI>(a0, a1, a2, a3) = hn::MulAdd(wa, Load(xr), Pick<kI>(a0, a1, a2, a3));
+        Pick<kI>(b0, b1, b2, b3) = hn::MulAdd(wb, Load(xr + step), Pick<kI>(b0, b1, b2, b3));
+      });
+    }
+    if (pair_end < vec_end) {
+      const VF wa = Load(row + pair_end);
+      Rows<kM>([&](auto m) {
+        constexpr int kI = decltype(m)::value;
+        Pick<kI>(a0, a1, a2, a3) = hn::MulAdd(wa, Load(x + (m0 + kI) * K + pair_end), Pick<kI>(a0, a1, a2, a3));
       });
     }
     Rows<kM>([&](auto m) {
-      const float* xr = x + (m0 + m) * K;
-      float acc = hn::GetLane(hn::SumOfLanes(df, Pick<decltype(m)::value>(a0, a1, a2, a3)));
+      constexpr int kI = decltype(m)::value;
+      const float* xr = x + (m0 + kI) * K;
+      float acc = hn::GetLane(hn::SumOfLanes(df, hn::Add(Pick<kI>(a0, a1, a2, a3), Pick<kI>(b0, b1, b2, b3))));
       for (std::int64_t k = vec_end; k < K; ++k) acc += xr[k] * ToFloat(row[k]);
-      y[(m0 + m) * N + n] = bias ? acc + bias[n] : acc;
+      y[(m0 + kI) * N + n] = bias ? acc + bias[n] : acc;
     });
   }
 }
