@@ -102,8 +102,16 @@ struct TensorReport {
   std::optional<double> rel_error;  // ||w - dq(q(w))|| / ||w||, when measured
   std::optional<double> sqnr_db;
 };
+// What --budget chose for one layer, or for a fused group (q/k/v, gate/up) that takes one format.
+struct BudgetReport {
+  std::string layers;  // the module, or the group's modules joined by '+'
+  std::string format;  // the candidate chosen, as written
+  double bits = 0;     // bits per weight, scales included
+  double error = 0;    // the estimated error (docs/checkpoints.md, "Choosing formats under a budget")
+};
 struct Report {
   std::vector<TensorReport> tensors;
+  std::vector<BudgetReport> budget;  // quantize --budget: one entry per choice, in checkpoint order
   std::vector<std::string> notes;  // warnings and decisions worth telling the user
   std::uint64_t bytes_in = 0, bytes_out = 0;
   std::size_t shards = 0;
@@ -156,6 +164,32 @@ struct Part {
   int index = 0, count = 1;
 };
 
+// One layer's format in a recipe (QuantizeOptions::recipe) or among --budget's candidates: a
+// quantized spec, or high precision. Written "FORMAT[,key=value...]" (docs/checkpoints.md,
+// "Recipes"): FORMAT nvfp4, mxfp4, mxfp8, affine2 to affine8, or keep; keys scale_search,
+// scale_rule, group_size, elem (mxfp8), scale_2d (nvfp4) and levels (nvfp4: 3 stores the tensor's
+// global scale where the layout can, 2 fixes it at encode factor 1, the two-level form).
+struct LayerFormat {
+  std::optional<QuantSpec> spec;  // unset: the layer stays in high precision
+  bool scale_rule_set = false;    // else the layout's customary mx rule applies
+  int levels = 0;                 // nvfp4: 2 or 3 as written; 0: 3 where the layout stores a global scale
+  std::string text;               // as written, for reports and the --budget-csv
+  bool keep() const { return !spec.has_value(); }
+};
+// Throws Error naming `what` ("--layer", "recipe.json rule 2") on an unknown format or key.
+LayerFormat parse_layer_format(const std::string& text, const std::string& what);
+
+// The modules `pattern` matches (the glob of --include) take `format`; rules are tried in order
+// and the first that matches a layer decides it.
+struct RecipeRule {
+  std::string pattern;
+  LayerFormat format;
+};
+// A recipe file: JSON {"rules": [{"match": GLOB, "format": "mxfp8"}, {"match": GLOB, "format":
+// "nvfp4", "scale_search": "mse"}, ...]} (the keys of parse_layer_format beside "format", or
+// written into it). Errors name the file and the rule.
+std::vector<RecipeRule> read_recipe(const std::filesystem::path& path);
+
 struct QuantizeOptions {
   // mode, group_size, bits, scale_rule, nonfinite, elem; global_scale is ignored. Non-finite
   // weights are counted per tensor (TensorReport::nonfinite); NonFinite::error refuses them. (nvfp4 exports
@@ -183,6 +217,16 @@ struct QuantizeOptions {
   // no quantized layer, a wrong shape or dtype, and scale search together with it are errors.
   std::filesystem::path hessians;
   GptqOptions gptq;
+  // Per-layer formats; layers no rule matches take `spec`. A rule that matches no layer is an error.
+  std::vector<RecipeRule> recipe;
+  // Average bits per weight, scales included, over the layers to quantize: each layer no recipe
+  // rule pins takes the candidate that minimises the summed estimated error within the budget
+  // (docs/checkpoints.md, "Choosing formats under a budget"); with `hessians`, the error is
+  // trace(dW H dW^T) for the layers it covers (no GPTQ then). Empty candidates: nvfp4 with mse
+  // scale search, mxfp8 and keep.
+  std::optional<double> budget_bits;
+  std::vector<LayerFormat> candidates;
+  std::filesystem::path budget_csv;  // tensor,format,bits,error,chosen: one row per layer and candidate
   bool force = false;
   Part part;  // count 1: the whole checkpoint in this process
   // GGUF only: split the file into llama.cpp's "<name>-0000i-of-0000n.gguf" files of at most this

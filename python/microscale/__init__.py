@@ -835,9 +835,12 @@ def num_threads():
 
 
 # Checkpoints: quantized layers in and out of compressed-tensors, ModelOpt and MLX model directories.
-from .checkpoint import LoadedCheckpoint, QuantizedWeight, load_checkpoint, save_checkpoint  # noqa: E402
+from .checkpoint import (  # noqa: E402
+    BudgetChoice, LoadedCheckpoint, QuantizedWeight, QuantizeReport, load_checkpoint, quantize_checkpoint,
+    save_checkpoint)
 
-__all__ += ["QuantizedWeight", "LoadedCheckpoint", "load_checkpoint", "save_checkpoint"]
+__all__ += ["QuantizedWeight", "LoadedCheckpoint", "load_checkpoint", "save_checkpoint", "quantize_checkpoint",
+            "QuantizeReport", "BudgetChoice"]
 
 
 # Quantized matrix products and the layers built on them (FORMATS.md section 6).

@@ -6,7 +6,7 @@
 import enum
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Optional, Protocol, Union, overload
+from typing import Any, Iterable, Literal, Optional, Protocol, Sequence, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -260,6 +260,28 @@ def load_checkpoint(path: Union[str, os.PathLike[str]]) -> LoadedCheckpoint: ...
 def save_checkpoint(path: Union[str, os.PathLike[str]], layers: dict[str, QuantizedWeight],
                     tensors: Optional[dict[str, ArrayIn]] = ..., config: Optional[dict[str, Any]] = ...,
                     export: str = ..., force: bool = ...) -> None: ...
+
+@dataclass
+class BudgetChoice:
+    layers: str
+    format: str
+    bits: float
+    error: float
+
+@dataclass
+class QuantizeReport:
+    tensors: list[dict[str, str]] = ...
+    budget: list[BudgetChoice] = ...
+    notes: list[str] = ...
+    def formats(self) -> dict[str, str]: ...
+
+_Path = Union[str, os.PathLike[str]]
+def quantize_checkpoint(model: _Path, output: _Path, format: str = ..., export: Optional[str] = ...,
+                        recipe: Union[_Path, dict[str, str], Sequence[tuple[str, str]], None] = ...,
+                        budget: Optional[float] = ..., candidates: Optional[Sequence[str]] = ...,
+                        budget_csv: Optional[_Path] = ..., hessians: Optional[_Path] = ...,
+                        exclude: Sequence[str] = ..., include: Sequence[str] = ...,
+                        force: bool = ...) -> QuantizeReport: ...
 
 # Internal, for microscale.torch.
 _core: Any

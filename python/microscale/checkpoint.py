@@ -19,6 +19,7 @@ compressed-tensors, amax/2688 for ModelOpt) is applied when reading and writing.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -32,7 +33,8 @@ from .weight import QuantizedWeight
 # is no normal float32 (kMinActivationAmax in src/io/layer.hpp).
 _MIN_ACTIVATION_AMAX = np.float32(2688) * np.finfo(np.float32).tiny
 
-__all__ = ["QuantizedWeight", "LoadedCheckpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["QuantizedWeight", "LoadedCheckpoint", "load_checkpoint", "save_checkpoint", "quantize_checkpoint",
+           "QuantizeReport", "BudgetChoice"]
 
 # safetensors dtype names <-> numpy dtypes (F4/F6 have no numpy type: returned as raw uint8 bytes).
 _ST_TO_NP = {
@@ -149,3 +151,77 @@ def save_checkpoint(path, layers, tensors=None, config=None, export="mlx", force
         data.add_tensor(name, st, [int(d) for d in a.shape], a.reshape(-1).view(np.uint8))
     data.config_json = json.dumps(config) if config is not None else ""
     _core.save_checkpoint(str(path), data, _core.Convention.from_name(export), bool(force))
+
+
+@dataclass
+class BudgetChoice:
+    """One choice of ``quantize_checkpoint(budget=...)``: a layer (or a fused group, its modules
+    joined by ``+``), the candidate chosen, its bits per weight (scales included) and its
+    estimated error."""
+
+    layers: str
+    format: str
+    bits: float
+    error: float
+
+
+@dataclass
+class QuantizeReport:
+    """What ``quantize_checkpoint`` did: every tensor written (``name``, ``action``, ``format``,
+    ``reason`` for a weight kept in high precision), ``budget``'s choices, and the run's notes."""
+
+    tensors: list = field(default_factory=list)
+    budget: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def formats(self) -> dict:
+        """{module: format} of the quantized layers."""
+        return {t["name"]: t["format"] for t in self.tensors if t["action"] == "quantized"}
+
+
+def _rules(recipe):
+    """A recipe given in Python: a path (the recipe file), a dict {glob: format} (in insertion
+    order) or a list of (glob, format) pairs."""
+    if recipe is None:
+        return "", []
+    if isinstance(recipe, (str, os.PathLike)):
+        return os.fspath(recipe), []
+    items = list(recipe.items()) if isinstance(recipe, dict) else list(recipe)
+    rules = []
+    for i, r in enumerate(items):
+        if not (isinstance(r, (tuple, list)) and len(r) == 2 and all(isinstance(v, str) for v in r)):
+            raise TypeError(f"recipe entry {i} must be a (glob, format) pair of strings, got {r!r}")
+        rules.append((r[0], r[1]))
+    return "", rules
+
+
+def quantize_checkpoint(model, output, format="nvfp4", export=None, recipe=None, budget=None, candidates=None,
+                        budget_csv=None, hessians=None, exclude=(), include=(), force=False) -> QuantizeReport:
+    """Quantize the checkpoint at ``model`` (a model directory or .safetensors file) into
+    ``output``, as ``microscale quantize`` does (docs/checkpoints.md).
+
+    ``format`` ("nvfp4", "mxfp8", "nvfp4,scale_search=mse", ...) is every layer's unless ``recipe``
+    (a recipe file's path, a dict {glob: format} or a list of (glob, format) pairs, first match
+    wins; "keep" leaves a layer in high precision) says otherwise. ``budget`` (bits per weight,
+    scales included) chooses each layer's format among ``candidates`` (default
+    ["nvfp4,scale_search=mse", "mxfp8", "keep"]) to minimise the summed estimated error, exactly;
+    ``budget_csv`` writes the table behind the choice; ``hessians`` (a safetensors file of
+    H = X^T X per module) weighs the error as trace(dW H dW^T), or runs GPTQ without a budget.
+    ``export``: "compressed-tensors", "modelopt", "mlx" or "gguf" (default by format)."""
+    rule_file, rules = _rules(recipe)
+    if budget is not None:
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+            raise TypeError(f"budget must be a number of bits per weight, got {type(budget).__name__}")
+        budget = float(budget)
+    cands = [] if candidates is None else list(candidates)
+    for c in cands:
+        if not isinstance(c, str):
+            raise TypeError(f"candidates must be format strings, got {c!r}")
+    for name, v in (("format", format), ("export", export)):
+        if v is not None and not isinstance(v, str):
+            raise TypeError(f"{name} must be a string, got {type(v).__name__}")
+    r = _core.quantize_checkpoint(
+        os.fspath(model), os.fspath(output), format, export or "", rules, rule_file, budget, cands,
+        "" if budget_csv is None else os.fspath(budget_csv), "" if hessians is None else os.fspath(hessians),
+        list(exclude), list(include), bool(force))
+    return QuantizeReport(tensors=r["tensors"], budget=[BudgetChoice(**b) for b in r["budget"]], notes=r["notes"])

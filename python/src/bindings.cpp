@@ -470,6 +470,65 @@ void py_save_checkpoint(const std::string& path, const io::CheckpointData& data,
   });
 }
 
+// quantize_checkpoint with the options microscale.quantize_checkpoint passes (its docstring says
+// what each means); returns {"tensors": [...], "budget": [...], "notes": [...]}.
+nb::dict py_quantize_checkpoint(const std::string& in, const std::string& out, const std::string& format,
+                                const std::string& export_name, const std::vector<std::pair<std::string, std::string>>& rules,
+                                const std::string& recipe_file, std::optional<double> budget,
+                                const std::vector<std::string>& candidates, const std::string& budget_csv,
+                                const std::string& hessians, const std::vector<std::string>& exclude,
+                                const std::vector<std::string>& include, bool force) {
+  io::Report r;
+  {
+    nb::gil_scoped_release release;
+    r = guarded([&] {
+      io::QuantizeOptions opt;
+      const io::LayerFormat base = io::parse_layer_format(format, "format");
+      if (base.keep()) throw ms::Error("format 'keep' quantizes nothing; name a format (nvfp4, mxfp8, ...)");
+      if (base.levels) throw ms::Error("format: levels is a recipe option (rules=[('*', 'nvfp4,levels=2')])");
+      opt.spec = *base.spec;
+      opt.scale_rule_set = base.scale_rule_set;
+      opt.to = export_name.empty() ? io::default_convention(opt.spec.mode) : io::convention_from_name(export_name);
+      if (!recipe_file.empty()) opt.recipe = io::read_recipe(recipe_file);
+      for (const auto& [pattern, f] : rules)
+        opt.recipe.push_back({pattern, io::parse_layer_format(f, "rule " + pattern + "=" + f)});
+      opt.budget_bits = budget;
+      for (const std::string& c : candidates) opt.candidates.push_back(io::parse_layer_format(c, "candidate " + c));
+      if ((!candidates.empty() || !budget_csv.empty()) && !budget)
+        throw ms::Error("candidates and budget_csv belong to budget; give budget too");
+      opt.budget_csv = budget_csv;
+      opt.hessians = hessians;
+      opt.exclude = exclude;
+      opt.include = include;
+      opt.force = force;
+      return io::quantize_checkpoint(in, out, opt);
+    });
+  }
+  nb::list tensors, choices, notes;
+  for (const io::TensorReport& t : r.tensors) {
+    nb::dict d;
+    d["name"] = t.name;
+    d["action"] = std::string(io::name(t.action));
+    d["format"] = t.format;
+    d["reason"] = t.reason;
+    tensors.append(d);
+  }
+  for (const io::BudgetReport& b : r.budget) {
+    nb::dict d;
+    d["layers"] = b.layers;
+    d["format"] = b.format;
+    d["bits"] = b.bits;
+    d["error"] = b.error;
+    choices.append(d);
+  }
+  for (const std::string& n : r.notes) notes.append(n);
+  nb::dict out_dict;
+  out_dict["tensors"] = tensors;
+  out_dict["budget"] = choices;
+  out_dict["notes"] = notes;
+  return out_dict;
+}
+
 void bind(nb::module_& m) {
   nb::enum_<io::Convention> convention(m, "Convention");
   // The C++ names table is the one list of conventions: "compressed-tensors" is `compressed_tensors`.
@@ -549,6 +608,9 @@ void bind(nb::module_& m) {
   m.def("load_checkpoint", &py_load_checkpoint, nb::arg("path"));
   m.def("save_checkpoint", &py_save_checkpoint, nb::arg("path"), nb::arg("data"), nb::arg("convention"),
         nb::arg("force"));
+  m.def("quantize_checkpoint", &py_quantize_checkpoint, nb::arg("model"), nb::arg("output"), nb::arg("format"),
+        nb::arg("export"), nb::arg("rules"), nb::arg("recipe_file"), nb::arg("budget").none(), nb::arg("candidates"),
+        nb::arg("budget_csv"), nb::arg("hessians"), nb::arg("exclude"), nb::arg("include"), nb::arg("force"));
 }
 
 }  // namespace ckpt

@@ -240,7 +240,9 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
     struct O {
       std::string in, out, format = "nvfp4", to, scale_rule, nonfinite = "propagate", amax_file, errors_csv, part,
                            split_size;
-      std::string scale_search = "none", hessians;
+      std::string scale_search = "none", hessians, recipe, budget_csv;
+      std::vector<std::string> layer_rules, candidates;
+      std::optional<double> budget;
       double gptq_damp = 0.01;
       int gptq_block_size = 128;
       std::vector<std::string> exclude, include;
@@ -267,6 +269,20 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                   "also quantize these 2-D weights kept by default (lm_head, embeddings, "
                   "routers; repeatable glob)");
     c->add_option("--group-size", o->group, "group size (affine: 32, 64 or 128; fp modes have fixed groups)");
+    c->add_option("--recipe", o->recipe,
+                  "JSON file of per-layer formats: {\"rules\": [{\"match\": GLOB, \"format\": \"mxfp8\"}, ...]}, "
+                  "first match wins, others take --format (docs/checkpoints.md, \"Recipes\")");
+    c->add_option("--layer", o->layer_rules,
+                  "GLOB=FORMAT[,key=value...]: one recipe rule, tried after --recipe's (repeatable; FORMAT nvfp4, "
+                  "mxfp4, mxfp8, affine2..affine8 or keep; keys scale_search, scale_rule, group_size, elem, "
+                  "scale_2d, levels)");
+    c->add_option("--budget", o->budget,
+                  "average bits per weight, scales included: each layer no rule pins takes the candidate that "
+                  "minimises the summed estimated error within it (exact; with --hessians, trace(dW H dW^T))");
+    c->add_option("--candidate", o->candidates,
+                  "a format --budget may choose (repeatable; default nvfp4,scale_search=mse, mxfp8 and keep)");
+    c->add_option("--budget-csv", o->budget_csv,
+                  "write --budget's table: tensor,format,bits,error,chosen, one row per layer and candidate");
     c->add_option("--scale-rule", o->scale_rule,
                   "E8M0 rule for mx modes: ceil, floor, even, nearest (default: even "
                   "for compressed-tensors mxfp4 as llm-compressor, else ceil)");
@@ -312,6 +328,15 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                if (!o->amax_file.empty()) inputs.add("--activation-amax", o->amax_file);
                check_report_paths({{"--errors-csv", o->errors_csv}}, inputs, o->out);
              }
+             if (!o->budget_csv.empty()) {
+               io::RunInputs inputs = inputs_of(o->in);
+               if (!o->hessians.empty()) inputs.add("--hessians", o->hessians);
+               if (!o->recipe.empty()) inputs.add("--recipe", o->recipe);
+               check_report_paths({{"--budget-csv", o->budget_csv}}, inputs, o->out);
+               if (!o->budget) throw Error("--budget-csv writes --budget's table; give --budget too");
+             }
+             if (!o->candidates.empty() && !o->budget)
+               throw Error("--candidate lists the formats --budget chooses from; give --budget too");
              io::QuantizeOptions opt;
              if (!o->part.empty()) opt.part = part_option(o->part);
              opt.spec = spec_from_format(o->format);
@@ -328,6 +353,17 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              }
              opt.spec.nonfinite = nonfinite_from_name(o->nonfinite);
              opt.spec.scale_search = scale_search_from_name(o->scale_search);
+             if (!o->recipe.empty()) opt.recipe = io::read_recipe(o->recipe);
+             for (const std::string& r : o->layer_rules) {
+               const std::size_t eq = r.rfind('=', r.find(','));
+               if (eq == std::string::npos || eq == 0)
+                 throw Error("--layer " + r + ": expected GLOB=FORMAT (for example '*.down_proj=mxfp8')");
+               opt.recipe.push_back({r.substr(0, eq), io::parse_layer_format(r.substr(eq + 1), "--layer " + r)});
+             }
+             opt.budget_bits = o->budget;
+             for (const std::string& cnd : o->candidates)
+               opt.candidates.push_back(io::parse_layer_format(cnd, "--candidate " + cnd));
+             opt.budget_csv = o->budget_csv;
              for (const CLI::Option* g : o->gptq_options)
                if (g->count() > 0 && o->hessians.empty())
                  throw Error(g->get_name() + " tunes GPTQ, which only --hessians turns on; give --hessians too");
@@ -348,9 +384,21 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
              const auto t0 = std::chrono::steady_clock::now();
              const io::Report r = io::quantize_checkpoint(o->in, o->out, opt);
              bar.finish();
-             std::printf("%s %s -> %s (%s)\n", o->format.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));
+             char budget_text[48];
+             std::snprintf(budget_text, sizeof budget_text, "--budget %g", o->budget.value_or(0));
+             const std::string what = opt.budget_bits ? budget_text : opt.recipe.empty() ? o->format : "recipe";
+             std::printf("%s %s -> %s (%s)\n", what.c_str(), o->in.c_str(), o->out.c_str(), io::name(opt.to));
              print_summary(r.published ? "wrote" : "wrote part of", r, o->out, seconds_since(t0));
              print_kept(r);
+             if (!r.budget.empty()) {
+               std::size_t w = 5;
+               for (const io::BudgetReport& b : r.budget) w = std::max(w, b.layers.size());
+               std::printf("\n--budget %g: the choice per layer\n%-*s %-24s %8s %12s\n", *o->budget,
+                           static_cast<int>(w), "layer", "format", "bits", "error");
+               for (const io::BudgetReport& b : r.budget)
+                 std::printf("%-*s %-24s %8.4f %12.5g\n", static_cast<int>(w), b.layers.c_str(), b.format.c_str(),
+                             b.bits, b.error);
+             }
              warn_nonfinite(r, "quantized with --nonfinite " + o->nonfinite);
              if (!opt.measure_error) return;
              std::size_t w = 5;
@@ -371,7 +419,7 @@ std::vector<Command> add_checkpoint_commands(CLI::App& app) {
                f << "layer,shape,format,rel_error,sqnr_db,nonfinite,kept\n";
                for (const io::TensorReport& t : r.tensors)
                  if (t.action == io::TensorAction::quantized)
-                   f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << o->format << ','
+                   f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << t.format << ','
                      << t.rel_error.value_or(NAN) << ',' << t.sqnr_db.value_or(NAN) << ',' << t.nonfinite << ",\n";
                  else if (t.action == io::TensorAction::kept)
                    f << t.name << ',' << shape_str(t.shape, ShapeStyle::dims) << ',' << t.format << ",,,,\"" << t.reason

@@ -97,6 +97,9 @@ struct LayoutOps {
   };
   const FileReader* file_reader = nullptr;
 
+  // Its loaders (vLLM) run a fused group (q/k/v, gate/up) as one GEMM: the members need one format.
+  bool fused_loading = false;
+
   bool holds(Mode m) const { return std::find(modes.begin(), modes.end(), m) != modes.end(); }
 };
 

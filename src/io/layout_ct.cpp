@@ -159,6 +159,7 @@ constinit const LayoutOps kCompressedTensorsLayout{
     .write_file = nullptr,
     .keeps_fp8_groups = true,
     .modes = kFp4Modes,
+    .fused_loading = true,
 };
 
 }  // namespace microscale::io::ck

@@ -114,6 +114,7 @@ constinit const LayoutOps kModelOptLayout{
     .write_file = nullptr,
     .keeps_fp8_groups = false,
     .modes = kModes,
+    .fused_loading = true,
 };
 
 }  // namespace microscale::io::ck

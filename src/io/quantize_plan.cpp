@@ -108,6 +108,11 @@ void stack_per_expert(std::vector<PlannedLayer>& chosen, const std::map<std::str
                     shape_str(s.skel.shape, ShapeStyle::list) + " but " + detail::quote(first.tensor) + " is " +
                     st_dtype_name(first.skel.float_dtype) + " " + shape_str(first.skel.shape, ShapeStyle::list) +
                     ": mlx-lm stacks a projection's experts into one tensor");
+      if (s.format.text != first.format.text || s.pinned != first.pinned)
+        throw Error("expert weight " + detail::quote(s.tensor) + " is " + (s.pinned ? s.format.text : "left to --budget") +
+                    " but " + detail::quote(first.tensor) + " is " +
+                    (first.pinned ? first.format.text : "left to --budget") +
+                    ": mlx-lm stacks a projection's experts into one tensor of one format");
       r.tensors.push_back(s.tensor);
       drop[i] = true;
     }
@@ -115,7 +120,7 @@ void stack_per_expert(std::vector<PlannedLayer>& chosen, const std::map<std::str
     l.module = r.module;
     l.shape = {mul(r.module, r.experts, r.rows, "experts x rows"), r.cols};
     l.experts = r.experts;
-    stacked.push_back({first.tensor, r.module, std::move(l), std::move(r)});
+    stacked.push_back({first.tensor, r.module, std::move(l), std::move(r), first.format, first.pinned});
   }
   std::vector<PlannedLayer> out;
   for (std::size_t i = 0; i < chosen.size(); ++i)
@@ -124,7 +129,123 @@ void stack_per_expert(std::vector<PlannedLayer>& chosen, const std::map<std::str
   chosen = std::move(out);
 }
 
+// "nvfp4 and mxfp4": the modes a layout holds.
+std::string modes_text(const LayoutOps& lay) {
+  std::string out;
+  for (std::size_t i = 0; i < lay.modes.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == lay.modes.size() ? " and " : ", ") + std::string(name(lay.modes[i]));
+  return out;
+}
+
+// The checks that need every layer's final format: W4A4, GPTQ, the layout, fused groups.
+void check_formats(QuantizePlan& plan, const Input& in, const QuantizeOptions& opt) {
+  const LayoutOps& lay = *plan.layout;
+  std::vector<PlannedLayer>& chosen = plan.layers;
+  (void)in;
+  // Activation scales: only from the user's calibration; refuse W4A4 without them.
+  const bool w4a4 = plan.w4a4 = opt.w4a4 || !opt.activation_amax.empty();
+  if (w4a4) {
+    for (const PlannedLayer& s : chosen)
+      if (s.format.spec.mode != Mode::nvfp4 || !lay.activation_scales)
+        throw Error("static activation scales (W4A4) exist for nvfp4 with --export " +
+                    layouts_with(&LayoutOps::activation_scales, false) + " only" +
+                    (s.format.spec.mode != Mode::nvfp4 ? "; layer " + detail::quote(s.module) + " is " + s.format.text
+                                                       : std::string()));
+    for (PlannedLayer& s : chosen) {
+      auto it = opt.activation_amax.find(s.module);
+      if (it == opt.activation_amax.end())
+        throw Error(
+            "W4A4 needs a static activation amax for every quantized layer (microscale does not calibrate); "
+            "missing for " +
+            detail::quote(s.module) +
+            ". Supply them all with --activation-amax, or drop --w4a4 for a weight-only (NVFP4A16) export");
+      check_activation_amax(it->second, "activation amax of " + detail::quote(s.module));
+      s.skel.act = Global::of_amax(it->second);
+    }
+  }
+  if (!plan.gptq.empty()) {
+    // Checked here, before any layer is written, rather than by the first GPTQ call.
+    if (!(opt.gptq.damp >= 0) || !std::isfinite(opt.gptq.damp))
+      throw Error("--gptq-damp " + fmt_float(opt.gptq.damp) +
+                  ": the dampening is a fraction of H's mean diagonal, a finite number >= 0");
+    for (const PlannedLayer& l : chosen) {
+      if (!plan.gptq.count(l.module)) continue;
+      const QuantSpec& s = l.format.spec;
+      if (opt.gptq.block_size < 1 || opt.gptq.block_size % s.group_size != 0)
+        throw Error("--gptq-block-size " + std::to_string(opt.gptq.block_size) +
+                    ": GPTQ's column batches must be a positive multiple of the group size " +
+                    std::to_string(s.group_size) + " (" + l.format.text + " of " + detail::quote(l.module) + ")");
+      if (s.scale_search != ScaleSearch::none)
+        throw Error("--hessians (GPTQ) does not combine with --scale-search " + std::string(name(s.scale_search)) +
+                    " (" + detail::quote(l.module) + "); GPTQ chooses the codes itself");
+      if (s.scale_2d)
+        throw Error("--hessians (GPTQ) does not combine with --scale-2d (" + detail::quote(l.module) +
+                    "); GPTQ rounds on 1x16 blocks");
+    }
+    plan.notes.push_back("GPTQ for " + std::to_string(plan.gptq.size()) + " of " + std::to_string(chosen.size()) +
+                         " layers (Hessians from " + opt.hessians.string() + "), round to nearest for the others");
+  }
+  for (const PlannedLayer& l : chosen) (void)emit(l.skel, opt.to);  // throws if the layout cannot hold this mode
+
+  std::vector<std::string> mods;
+  std::map<std::string, const PlannedLayer*> by_module;
+  for (const PlannedLayer& l : chosen) {
+    mods.push_back(l.module);
+    by_module[l.module] = &l;
+  }
+  // vLLM loads a fused group (q/k/v, gate/up) as one GEMM of one scheme.
+  if (lay.fused_loading)
+    for (const auto& g : fused_groups(mods)) {
+      const PlannedLayer& first = *by_module[g.front()];
+      for (const std::string& m : g)
+        if (by_module[m]->format.text != first.format.text || by_module[m]->format.three_level != first.format.three_level)
+          throw Error(detail::quote(first.module) + " is " + first.format.text + " but " + detail::quote(m) + " is " +
+                      by_module[m]->format.text + ": " + lay.title +
+                      " loaders (vLLM) run a fused group (q/k/v, gate/up) as one GEMM, so its members need one "
+                      "format");
+    }
+  // Fused groups share the largest amax of their members (vLLM keeps one scale per fused GEMM),
+  // computed when a group's first member is written: a split run's part reads only its own groups.
+  if (opt.share_fused_scales) {
+    std::vector<std::string> three;
+    for (const PlannedLayer& l : chosen)
+      if (l.format.three_level) three.push_back(l.module);
+    plan.fused = fused_groups(three);
+    if (!plan.fused.empty())
+      plan.notes.push_back(std::to_string(plan.fused.size()) +
+                           " fused groups (q/k/v, gate/up, ...) share one global scale each: the largest amax of "
+                           "their members, as ModelOpt and llm-compressor export them");
+  }
+}
+
 }  // namespace
+
+LayerSpec layer_spec(const LayerFormat& f, const LayoutOps& lay, NonFinite nonfinite, const std::string& what) {
+  LayerSpec out;
+  out.text = f.text;
+  QuantSpec s = *f.spec;
+  s.nonfinite = nonfinite;
+  s.global_scale.reset();
+  s.layout = Layout::compact;  // every checkpoint layout stores compact scales
+  if (lay.default_scale_rule && !f.scale_rule_set) lay.default_scale_rule(s);
+  try {
+    s = resolve(s);
+    if (lay.check_spec) lay.check_spec(s);
+  } catch (const Error& e) {
+    throw Error(what + ": " + e.what());
+  }
+  if (!lay.holds(s.mode))
+    throw Error(what + ": " + lay.title + " holds " + modes_text(lay) + " layers, not " + name(s.mode));
+  if (s.mode == Mode::nvfp4 && f.levels == 3 && !lay.global_scale)
+    throw Error(what + ": levels=3 needs a stored global scale, and " + lay.title + " nvfp4 is two-level");
+  out.spec = s;
+  // CT and ModelOpt store a global scale (three-level); mlx-lm's nvfp4 is two-level.
+  out.three_level = s.mode == Mode::nvfp4 && lay.global_scale && f.levels != 2;
+  out.unit_global = s.mode == Mode::nvfp4 && lay.global_scale && f.levels == 2;
+  // K must be whole groups, and whole blocks where the layout's blocks span several groups (GGUF).
+  out.row_block = lay.row_block ? lay.row_block(s.mode) : s.group_size;
+  return out;
+}
 
 const PlannedLayer* QuantizePlan::find_layer(const std::string& module) const {
   for (const PlannedLayer& l : layers)
@@ -138,9 +259,12 @@ QuantMeta QuantizePlan::meta() const {
   meta.gptq_layers = static_cast<int>(gptq.size());
   meta.gptq = gptq_options;
   meta.ignore = ignore;
-  meta.scale_search = spec.scale_search;
-  meta.scale_2d = spec.scale_2d;
-  for (const PlannedLayer& l : layers) meta.layers.push_back(&l.skel);
+  for (const PlannedLayer& l : layers) {
+    meta.layers.push_back(&l.skel);
+    // The producer block records a search or 2D scales when any layer used them.
+    if (meta.scale_search == ScaleSearch::none) meta.scale_search = l.format.spec.scale_search;
+    meta.scale_2d = meta.scale_2d || l.format.spec.scale_2d;
+  }
   return meta;
 }
 
@@ -163,24 +287,63 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
   }
 
   QuantizePlan plan;
-  QuantSpec& base = plan.spec;
-  base = opt.spec;
-  base.global_scale.reset();
-  base.layout = Layout::compact;  // every checkpoint layout stores compact scales
   const LayoutOps& lay = *(plan.layout = &layout(opt.to));
-  if (lay.default_scale_rule && !opt.scale_rule_set) lay.default_scale_rule(base);
-  base = resolve(base);
   // Loaders read a checkpoint's weights as they are: transformed weights would need transformed
   // activations, and stochastic rounding only adds error to a weight written once.
-  if (base.hadamard || base.sr_seed)
-    throw Error(std::string(base.hadamard ? "hadamard" : "sr_seed (stochastic rounding)") +
+  if (opt.spec.hadamard || opt.spec.sr_seed)
+    throw Error(std::string(opt.spec.hadamard ? "hadamard" : "sr_seed (stochastic rounding)") +
                 " is not an option of checkpoint quantization (the weights must load unchanged); use it with "
                 "quantize on tensors");
-  if (lay.check_spec) lay.check_spec(base);
-  // CT and ModelOpt store a global scale (three-level); mlx-lm's nvfp4 is two-level.
-  const bool three = plan.three_level = base.mode == Mode::nvfp4 && lay.global_scale;
-  // K must be whole groups, and whole blocks where the layout's blocks span several groups (GGUF).
-  const std::int64_t row_block = plan.row_block = lay.row_block ? lay.row_block(base.mode) : base.group_size;
+  const LayerFormat base_format{opt.spec, opt.scale_rule_set, 0, name(opt.spec.mode)};
+  const LayerSpec& base = plan.base = layer_spec(base_format, lay, opt.spec.nonfinite, "--format");
+  std::vector<LayerSpec> rule_specs;
+  for (std::size_t r = 0; r < opt.recipe.size(); ++r)
+    rule_specs.push_back(opt.recipe[r].format.keep()
+                             ? LayerSpec{}
+                             : layer_spec(opt.recipe[r].format, lay, opt.spec.nonfinite,
+                                          "recipe rule " + std::to_string(r + 1) + " (" +
+                                              detail::quote(opt.recipe[r].pattern) + ")"));
+  std::vector<bool> rule_used(opt.recipe.size(), false);
+  const bool budget = opt.budget_bits.has_value();
+  const std::vector<LayerSpec> candidates = budget ? budget_candidates(opt, lay) : std::vector<LayerSpec>{};
+  if (budget && copy_codes) throw Error("--budget chooses formats for quantize, not for convert");
+  // The format of the layer of module `m` (kept: null), whether a rule pinned it, and the reason
+  // it is kept when no format fits its K.
+  struct Choice {
+    const LayerSpec* spec = nullptr;
+    bool pinned = true;
+    Keep why = Keep::quantize;
+    std::int64_t row_block = 0;
+  };
+  auto choose = [&](const std::string& m, std::int64_t k) {
+    Choice c;
+    for (std::size_t r = 0; r < opt.recipe.size() && !c.spec; ++r)
+      if (matches({opt.recipe[r].pattern}, m)) {
+        rule_used[r] = true;
+        if (opt.recipe[r].format.keep()) return Choice{nullptr, true, Keep::recipe, 0};
+        c.spec = &rule_specs[r];
+      }
+    if (!c.spec && budget) {  // the first candidate that fits stands in until the choice
+      c.pinned = false;
+      for (const LayerSpec& cand : candidates)
+        if (!cand.keep() && k > 0 && k % cand.row_block == 0) {
+          c.spec = &cand;
+          return c;
+        }
+      for (const LayerSpec& cand : candidates)
+        if (!cand.keep() && (c.row_block == 0 || cand.row_block < c.row_block)) c.row_block = cand.row_block;
+      c.spec = nullptr;
+      c.why = Keep::group;
+      return c;
+    }
+    if (!c.spec) c.spec = &base;
+    if (k == 0 || k % c.spec->row_block != 0) {
+      c.row_block = c.spec->row_block;
+      c.spec = nullptr;
+      c.why = Keep::group;
+    }
+    return c;
+  };
 
   plan.copy_codes = copy_codes;
   // MLX and GGUF write experts stacked [experts, N, K], as mlx-lm's SwitchGLU and llama.cpp's
@@ -219,8 +382,14 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
     if (by_name(why) && matches(opt.include, m)) why = Keep::quantize;
     if (why == Keep::quantize && matches(opt.exclude, m)) why = Keep::excluded;
     // K = 0 fits no group either: its codes and scales would have no columns to tell the group from.
-    if (why == Keep::quantize && (shape[1] == 0 || shape[1] % row_block != 0)) why = Keep::group;
-    const std::string reason = kept_reason(why, logical, shape, dtype, static_cast<int>(row_block), lay, gptoss);
+    Choice c;
+    if (why == Keep::quantize && !copy_codes) {
+      c = choose(m, gptoss_stack ? shape[1] : shape[1]);
+      why = c.why;
+    } else if (why == Keep::quantize) {
+      c.spec = &base;
+    }
+    const std::string reason = kept_reason(why, logical, shape, dtype, static_cast<int>(c.row_block), lay, gptoss);
     if (!weight_modules.count(m) || why != Keep::quantize) weight_modules[m] = reason;
     if (why != Keep::quantize) {
       kept[n] = reason;
@@ -234,25 +403,25 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
         if (!stack) {  // llm-compressor's linearized experts: one [N, K] Linear each
           for (std::int64_t e = 0; e < r.experts; ++e) {
             ExpertRows one = gptoss_expert(r, e);
-            Layer l = Layer::of(one.module, base, {one.rows, one.cols});
-            if (three && !codes) l.global = Global::of_amax(1.0f);
+            Layer l = Layer::of(one.module, c.spec->spec, {one.rows, one.cols});
+            if (c.spec->three_level && !codes) l.global = Global::of_amax(1.0f);
             l.float_dtype = dtype;
-            chosen.push_back({n, one.module, std::move(l), std::move(one)});
+            chosen.push_back({n, one.module, std::move(l), std::move(one), *c.spec, c.pinned});
           }
           continue;
         }
-        Layer l = Layer::of(r.module, base, {mul(n, r.experts, r.rows, "experts x rows"), r.cols});
-        if (three && !codes) l.global = Global::of_amax(1.0f);
+        Layer l = Layer::of(r.module, c.spec->spec, {mul(n, r.experts, r.rows, "experts x rows"), r.cols});
+        if (c.spec->three_level && !codes) l.global = Global::of_amax(1.0f);
         l.experts = r.experts;
         l.float_dtype = dtype;
-        chosen.push_back({n, r.module, std::move(l), std::move(r)});
+        chosen.push_back({n, r.module, std::move(l), std::move(r), *c.spec, c.pinned});
       }
       continue;
     }
-    Layer l = Layer::of(m, base, t.shape);
+    Layer l = Layer::of(m, c.spec->spec, t.shape);
     l.float_dtype = dtype;
-    if (three) l.global = Global::of_amax(1.0f);
-    chosen.push_back({n, m, std::move(l), std::nullopt});
+    if (c.spec->three_level) l.global = Global::of_amax(1.0f);
+    chosen.push_back({n, m, std::move(l), std::nullopt, *c.spec, c.pinned});
   }
   if (stack) stack_per_expert(chosen, kept);
   // gpt-oss in MLX: mlx-lm reads its experts either all split (gate_proj, up_proj, down_proj; its
@@ -303,6 +472,17 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
     if (!used)
       throw Error("--include " + detail::quote(p) + " selects nothing that can be quantized: " + list_reasons(hit));
   }
+  for (std::size_t r = 0; r < opt.recipe.size(); ++r)
+    if (!rule_used[r]) {
+      std::vector<std::pair<std::string, std::string>> hit;
+      for (const auto& [m, why] : weight_modules)
+        if (matches({opt.recipe[r].pattern}, m)) hit.emplace_back(m, why);
+      const std::string rule = "recipe rule " + std::to_string(r + 1) + " (" + detail::quote(opt.recipe[r].pattern) +
+                               " -> " + opt.recipe[r].format.text + ")";
+      if (hit.empty()) throw Error(rule + " matches no weight (" + example() + ")");
+      throw Error(rule + " matches no layer left to it (an earlier rule, --exclude, or a weight kept by name, "
+                  "which --include selects): " + list_reasons(hit));
+    }
   for (const auto& [m, amax] : opt.activation_amax) {
     const auto w = weight_modules.find(m);
     if (w == weight_modules.end())
@@ -324,62 +504,74 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
                 (kept.empty() ? std::string(": it has no 2-D .weight tensors")
                               : ": " + list_reasons({kept.begin(), kept.end()})));
 
-  // Activation scales: only from the user's calibration; refuse W4A4 without them.
-  const bool w4a4 = plan.w4a4 = opt.w4a4 || !opt.activation_amax.empty();
-  if (w4a4) {
-    if (base.mode != Mode::nvfp4 || !lay.activation_scales)
-      throw Error("static activation scales (W4A4) exist for nvfp4 with --export " +
-                  layouts_with(&LayoutOps::activation_scales, false) + " only");
-    for (PlannedLayer& s : chosen) {
-      auto it = opt.activation_amax.find(s.module);
-      if (it == opt.activation_amax.end())
-        throw Error(
-            "W4A4 needs a static activation amax for every quantized layer (microscale does not calibrate); "
-            "missing for " +
-            detail::quote(s.module) +
-            ". Supply them all with --activation-amax, or drop --w4a4 for a weight-only (NVFP4A16) export");
-      check_activation_amax(it->second, "activation amax of " + detail::quote(s.module));
-      s.skel.act = Global::of_amax(it->second);
-    }
-  }
-  // GPTQ for the layers the --hessians file covers.
+  // Hessians: GPTQ for the layers the file covers, or under --budget the error estimate's weights.
   plan.gptq_options = opt.gptq;
   if (!opt.hessians.empty()) {
-    // Checked here, before any layer is written, rather than by the first GPTQ call.
-    if (!(opt.gptq.damp >= 0) || !std::isfinite(opt.gptq.damp))
-      throw Error("--gptq-damp " + fmt_float(opt.gptq.damp) +
-                  ": the dampening is a fraction of H's mean diagonal, a finite number >= 0");
-    if (opt.gptq.block_size < 1 || opt.gptq.block_size % base.group_size != 0)
-      throw Error("--gptq-block-size " + std::to_string(opt.gptq.block_size) +
-                  ": GPTQ's column batches must be a positive multiple of the group size " +
-                  std::to_string(base.group_size));
-    if (base.scale_search != ScaleSearch::none)
-      throw Error("--hessians (GPTQ) does not combine with --scale-search " + std::string(name(base.scale_search)) +
-                  "; GPTQ chooses the codes itself");
-    if (base.scale_2d) throw Error("--hessians (GPTQ) does not combine with --scale-2d; GPTQ rounds on 1x16 blocks");
     plan.hessians = std::make_shared<const SafetensorsFile>(SafetensorsFile::open(opt.hessians));
     std::map<std::string, Shape> shapes;
     for (const PlannedLayer& l : chosen) shapes[l.module] = in.ck.tensor(l.tensor).shape;
     for (const auto& [m, t] : hessians_by_module(*plan.hessians, weight_modules, shapes, example()))
-      plan.gptq[m] = t->name;
-    if (plan.gptq.empty()) throw Error("--hessians " + opt.hessians.string() + " holds no tensors");
-    plan.notes.push_back("GPTQ for " + std::to_string(plan.gptq.size()) + " of " + std::to_string(chosen.size()) +
-                         " layers (Hessians from " + opt.hessians.string() + "), round to nearest for the others");
+      plan.hessian_of[m] = t->name;
+    if (plan.hessian_of.empty()) throw Error("--hessians " + opt.hessians.string() + " holds no tensors");
+    if (!budget) plan.gptq = plan.hessian_of;
   }
-  for (const PlannedLayer& l : chosen) (void)emit(l.skel, opt.to);  // throws if the layout cannot hold this mode
-
-  // Fused groups share the largest amax of their members (vLLM keeps one scale per fused GEMM),
-  // computed when a group's first member is written: a split run's part reads only its own groups.
-  if (three && opt.share_fused_scales) {
-    std::vector<std::string> mods;
-    for (const PlannedLayer& l : chosen) mods.push_back(l.module);
-    plan.fused = fused_groups(mods);
-    if (!plan.fused.empty())
-      plan.notes.push_back(std::to_string(plan.fused.size()) +
-                           " fused groups (q/k/v, gate/up, ...) share one global scale each: the largest amax of "
-                           "their members, as ModelOpt and llm-compressor export them");
-  }
+  if (!budget) check_formats(plan, in, opt);
   return plan;
+}
+
+std::vector<LayerSpec> budget_candidates(const QuantizeOptions& opt, const LayoutOps& lay) {
+  if (!(*opt.budget_bits > 0) || !std::isfinite(*opt.budget_bits))
+    throw Error("--budget " + fmt_float(*opt.budget_bits) + ": the budget is a positive number of bits per weight");
+  std::vector<LayerFormat> formats = opt.candidates;
+  if (formats.empty())
+    for (const char* f : {"nvfp4,scale_search=mse", "mxfp8", "keep"})
+      formats.push_back(parse_layer_format(f, "the default --candidate"));
+  std::vector<LayerSpec> out;
+  for (const LayerFormat& f : formats) {
+    const std::string what = "--candidate " + detail::quote(f.text);
+    for (const LayerSpec& o : out)
+      if (o.text == f.text) throw Error(what + " is listed twice");
+    if (f.keep()) {
+      LayerSpec keep;
+      keep.text = f.text;
+      out.push_back(keep);
+      continue;
+    }
+    out.push_back(layer_spec(f, lay, opt.spec.nonfinite, what));
+  }
+  if (std::all_of(out.begin(), out.end(), [](const LayerSpec& c) { return c.keep(); }))
+    throw Error("--budget needs at least one quantized --candidate");
+  return out;
+}
+
+void apply_choice(QuantizePlan& plan, const Input& in, const QuantizeOptions& opt,
+                  const std::vector<const LayerSpec*>& chosen) {
+  std::vector<PlannedLayer> layers;
+  for (std::size_t i = 0; i < plan.layers.size(); ++i) {
+    PlannedLayer& l = plan.layers[i];
+    const LayerSpec* f = chosen[i];
+    if (!f) {  // kept in high precision
+      for (const std::string& t : l.experts ? l.experts->tensors : std::vector<std::string>{l.tensor}) {
+        plan.kept[t] = keep_text(Keep::budget, {}, StDType::f32);
+        add_ignored(plan.ignore, owner_module(t), Keep::budget);
+      }
+      continue;
+    }
+    if (!l.pinned) {
+      Layer skel = Layer::of(l.skel.module, f->spec, l.skel.shape);
+      skel.float_dtype = l.skel.float_dtype;
+      skel.experts = l.skel.experts;
+      if (f->three_level) skel.global = Global::of_amax(1.0f);
+      l.skel = std::move(skel);
+      l.format = *f;
+    }
+    layers.push_back(std::move(l));
+  }
+  plan.layers = std::move(layers);
+  if (plan.layers.empty())
+    throw Error("--budget " + fmt_float(*opt.budget_bits) +
+                " lets every layer stay in high precision, so there is nothing to quantize; give a lower budget");
+  check_formats(plan, in, opt);
 }
 
 }  // namespace microscale::io::ck

@@ -17,6 +17,20 @@
 
 namespace microscale::io::ck {
 
+// A layer's format resolved for the layout: what it is quantized with and how its nvfp4 global
+// scale is stored.
+struct LayerSpec {
+  QuantSpec spec;            // resolved; the global scale is set when the layer is written
+  bool three_level = false;  // nvfp4 with the tensor's own global scale, stored by the layout
+  bool unit_global = false;  // two-level nvfp4 in a layout that stores a global scale: encode factor 1
+  std::string text;          // as --format, a recipe rule or a candidate wrote it
+  std::int64_t row_block = 0;  // K must be a multiple of it (LayoutOps::row_block, else the group size)
+  bool keep() const { return row_block == 0; }  // a --budget candidate that keeps the layer in high precision
+};
+// `f` for layout `lay` (the --format options' nonfinite policy applied); throws naming `what` when
+// the layout cannot hold it.
+LayerSpec layer_spec(const LayerFormat& f, const LayoutOps& lay, NonFinite nonfinite, const std::string& what);
+
 // A layer to quantize, as a skeleton (shapes, no data) that the layout validates up front.
 struct PlannedLayer {
   std::string tensor;  // its primary input tensor
@@ -24,13 +38,13 @@ struct PlannedLayer {
   Layer skel;
   // Experts stacked into one layer, or one of gpt-oss's split experts: where its rows come from.
   std::optional<ExpertRows> experts;
+  LayerSpec format;
+  bool pinned = true;  // false: --budget chooses its format among the candidates
 };
 
 struct QuantizePlan {
   const LayoutOps* layout = nullptr;
-  QuantSpec spec;              // every layer's, resolved (its global scale is set per layer)
-  bool three_level = false;    // nvfp4 with the layout's stored global scale
-  std::int64_t row_block = 0;  // a quantized weight's K is a multiple of it (LayoutOps::row_block)
+  LayerSpec base;               // --format's, for the layers no recipe rule names
   bool stack_experts = false;  // MoE experts become one stacked layer (LayoutOps::stacked_experts)
   bool copy_codes = false;     // gpt-oss's MXFP4 codes and scales are copied (convert), not requantized
   bool gptoss_split = false;   // gpt-oss's experts split into gate, up and down (and their biases)
@@ -42,6 +56,7 @@ struct QuantizePlan {
   std::vector<std::vector<std::string>> fused;
   // GPTQ: module -> its Hessian's tensor in `hessians`; the other layers round to nearest.
   std::map<std::string, std::string> gptq;
+  std::map<std::string, std::string> hessian_of;  // every module the --hessians file covers
   std::shared_ptr<const SafetensorsFile> hessians;
   GptqOptions gptq_options;
   std::vector<std::string> notes;  // for the report
@@ -57,5 +72,13 @@ struct QuantizePlan {
 // hold, bad GPTQ or W4A4 inputs).
 QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detected& det, const QuantizeOptions& opt,
                            bool copy_codes);
+
+// --budget: the candidates resolved for the layout (QuantizeOptions::candidates, or the default
+// set); throws naming the candidate the layout cannot hold.
+std::vector<LayerSpec> budget_candidates(const QuantizeOptions& opt, const LayoutOps& lay);
+// After --budget chose: sets the free layers' formats (`chosen[i]` for plan.layers[i], null: kept
+// in high precision), then runs the checks plan_quantize runs on a plan without a budget.
+void apply_choice(QuantizePlan& plan, const Input& in, const QuantizeOptions& opt,
+                  const std::vector<const LayerSpec*>& chosen);
 
 }  // namespace microscale::io::ck

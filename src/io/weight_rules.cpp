@@ -49,6 +49,8 @@ std::string keep_text(Keep k, const Shape& shape, StDType dtype, int group) {
     case Keep::norm: return "norm";
     case Keep::router: return "router";
     case Keep::excluded: return "excluded";
+    case Keep::recipe: return "kept by the recipe";
+    case Keep::budget: return "kept by --budget";
     case Keep::group:
       if (shape[1] == 0) return "K = 0: no input features to group";
       return "K = " + std::to_string(shape[1]) + " is not a multiple of the group size " + std::to_string(group);
