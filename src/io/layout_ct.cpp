@@ -131,12 +131,11 @@ const char* format_name(Mode mode) {
                                : "mxfp4-pack-quantized";
 }
 
-// The config group of one scheme's layers.
-Json config_group(const Scheme& s, bool w4a4, Json targets) {
+// The config group of one scheme's layers, with static activation scales or without.
+Json config_group(const Scheme& s, bool acts, Json targets) {
   // The weights' scales come from each block's absolute maximum, as llm-compressor's memoryless
   // min-max observer; W4A4 activations carry a static global scale from calibration (static min-max)
-  // and per-block scales computed at run time ("local"). MXFP8 layers store no activation scale.
-  const bool acts = w4a4 && s.mode != Mode::mxfp8;
+  // and per-block scales computed at run time ("local").
   return {{"format", format_name(s.mode)},
           {"input_activations", acts ? quantization_args(s.mode, s.group, "local", "static_minmax") : nullptr},
           {"output_activations", nullptr},
@@ -173,7 +172,8 @@ Json write_config(Json& config, const Scheme& common, const Json& kept, const Qu
       std::string name;
       do name = "group_" + std::to_string(next++);
       while (taken.count(name));
-      groups[name] = config_group(s, meta.w4a4, std::move(modules));
+      // Only nvfp4 layers store activation scales (the others quantize activations at run time).
+      groups[name] = config_group(s, meta.w4a4 && s.mode == Mode::nvfp4, std::move(modules));
     }
   }
   for (const CtGroup* fp8 : meta.kept_groups) groups[fp8->name] = fp8->config;

@@ -252,3 +252,39 @@ def test_compressed_tensors_decompresses_mixed_exports_as_microscale_dequantizes
         for name, w in decoded.items():
             plain.get_submodule(name).weight.data = w
         assert torch.equal(plain(ids).logits, ref(ids).logits)
+
+
+def test_w4a4_nvfp4_beside_mxfp8_keeps_its_activation_scales(tmp_path):
+    """MXFP8 layers store no activation scale; the nvfp4 layers' scales (W4A4) are kept beside them
+    and each layout's config says which layers have static activations."""
+    mlp_modules = modules_of(raw(FIXTURE), MLP)
+    amax = tmp_path / "amax.json"
+    amax.write_text(json.dumps({m: 3.0 for m in modules_of(raw(FIXTURE), ATTN + MLP)}))
+    nv, fp8 = tmp_path / "nv", tmp_path / "fp8"
+    ok("quantize", FIXTURE, "-o", nv, "--format", "nvfp4", "--export", "compressed-tensors", "--activation-amax", amax)
+    ok("quantize", FIXTURE, "-o", fp8, "--format", "mxfp8", "--export", "compressed-tensors")
+    # The MLPs from the W4A4 export, the attention from the MXFP8 one; a config naming only the
+    # method (no groups), as the reader needs no more.
+    mixed = tmp_path / "mixed"
+    os.makedirs(mixed)
+    tensors = {k: v for k, v in raw(fp8).items() if k.rsplit(".", 1)[0] not in mlp_modules}
+    tensors.update({k: v for k, v in raw(nv).items() if k.rsplit(".", 1)[0] in mlp_modules})
+    write_st(mixed / "model.safetensors", tensors)
+    config = cfg(nv)
+    config["quantization_config"] = {"quant_method": "compressed-tensors"}
+    (mixed / "config.json").write_text(json.dumps(config))
+    ct, mo = tmp_path / "ct", tmp_path / "mo"
+    r = ok("convert", mixed, "-o", ct, "--to", "compressed-tensors")
+    assert "dropped" not in r.stdout + r.stderr
+    ok("convert", ct, "-o", mo, "--to", "modelopt")
+    groups = {g["format"]: g for g in cfg(ct)["quantization_config"]["config_groups"].values()}
+    assert groups["nvfp4-pack-quantized"]["input_activations"]["dynamic"] == "local"
+    assert groups["mxfp8-quantized"]["input_activations"] is None
+    layers = cfg(mo, "hf_quant_config.json")["quantization"]["quantized_layers"]
+    assert {m for m, e in layers.items() if e["quant_algo"] == "NVFP4"} == set(mlp_modules)
+    assert {e["quant_algo"] for m, e in layers.items() if m not in mlp_modules} == {"MXFP8"}
+    got_ct, got_mo = raw(ct), raw(mo)
+    for m in mlp_modules:
+        assert got_ct[m + ".input_global_scale"] == tensors[m + ".input_global_scale"]
+        assert m + ".input_scale" in got_mo
+    assert raw(tmp_path / "mixed") == tensors
