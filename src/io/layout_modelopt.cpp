@@ -35,8 +35,27 @@ bool is_primary(const Checkpoint& ck, const Json& config, std::string_view tenso
   return (method == "modelopt" || method.empty()) && is_mxfp8_weight(ck, tensor);
 }
 
-Layer read_modelopt(const Checkpoint& ck, const Json&, const std::string& m) {
-  if (!ck.contains(m + ".weight_scale_2")) return read_mxfp8(ck, m);
+// A MIXED_PRECISION config gives each quantized module its quant_algo: it must name the format
+// the tensors hold, and a module it leaves out is not quantized.
+Layer check_listed(const Json& config, Layer l) {
+  const Json* qc = config.is_object() ? quantization_config(config) : nullptr;
+  const auto listed = qc ? qc->find("quantized_layers") : Json::const_iterator{};
+  if (!qc || listed == qc->end() || !listed->is_object()) return l;
+  const char* stored = l.format.mode == Mode::mxfp8 ? "MXFP8" : "NVFP4 or W4A16_NVFP4";
+  const auto entry = listed->find(l.module);
+  if (entry == listed->end())
+    layer_error(l.module, std::string("stored quantized (") + stored +
+                              "), but config.json's quantization_config.quantized_layers does not list it");
+  const auto algo = entry->is_object() ? entry->find("quant_algo") : entry->end();
+  const std::string a = algo != entry->end() && algo->is_string() ? algo->get<std::string>() : "";
+  const bool match = l.format.mode == Mode::mxfp8 ? a == "MXFP8" : a == "NVFP4" || a == "W4A16_NVFP4";
+  if (!match)
+    layer_error(l.module, std::string("stored as ") + stored +
+                              ", but config.json's quantization_config.quantized_layers gives it " + entry->dump());
+  return l;
+}
+
+Layer read_nvfp4(const Checkpoint& ck, const std::string& m) {
   Layer l;
   l.module = m;
   const StTensor& p = need(ck, m, m + ".weight", "packed weights");
@@ -62,6 +81,10 @@ Layer read_modelopt(const Checkpoint& ck, const Json&, const std::string& m) {
   check_global(l);
   (void)l.spec();  // validates mode/group/bits and the global scale
   return l;
+}
+
+Layer read_modelopt(const Checkpoint& ck, const Json& config, const std::string& m) {
+  return check_listed(config, ck.contains(m + ".weight_scale_2") ? read_nvfp4(ck, m) : read_mxfp8(ck, m));
 }
 
 void emit_modelopt(const Layer& l, std::vector<Out>& out) {

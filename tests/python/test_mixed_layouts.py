@@ -20,7 +20,7 @@ import os
 import numpy as np
 import pytest
 
-from ckpt_support import ROOT, ok, skip_without_cli
+from ckpt_support import ROOT, ok, run, skip_without_cli
 
 skip_without_cli()
 
@@ -288,3 +288,27 @@ def test_w4a4_nvfp4_beside_mxfp8_keeps_its_activation_scales(tmp_path):
         assert got_ct[m + ".input_global_scale"] == tensors[m + ".input_global_scale"]
         assert m + ".input_scale" in got_mo
     assert raw(tmp_path / "mixed") == tensors
+
+
+def test_modelopt_quantized_layers_must_name_the_stored_format(tmp_path):
+    mo = tmp_path / "modelopt"
+    ok("convert", mixed_mlx(tmp_path, "mxfp8", "nvfp4"), "-o", mo, "--to", "modelopt")
+    config = cfg(mo)
+    layers = config["quantization_config"]["quantized_layers"]
+    fp8 = next(m for m, e in layers.items() if e["quant_algo"] == "MXFP8")
+    nv = next(m for m, e in layers.items() if e["quant_algo"] != "MXFP8")
+    for edit, module, message in ((lambda q: q.update({fp8: {"quant_algo": "NVFP4", "group_size": 16}}), fp8,
+                                   "stored as MXFP8, but config.json's quantization_config.quantized_layers gives"),
+                                  (lambda q: q.pop(nv), nv, "does not list it")):
+        bad = tmp_path / f"bad-{module}"
+        os.makedirs(bad)
+        for f in os.listdir(mo):
+            with open(mo / f, "rb") as src, open(bad / f, "wb") as dst:
+                dst.write(src.read())
+        c = json.loads(json.dumps(config))
+        edit(c["quantization_config"]["quantized_layers"])
+        (bad / "config.json").write_text(json.dumps(c))
+        for cmd in (["inspect", bad], ["dequantize", bad, "-o", tmp_path / "dq"]):
+            r = run(*cmd)
+            assert r.returncode != 0 and f'"{module}"' in r.stderr and message in r.stderr, r.stderr
+        assert not os.path.exists(tmp_path / "dq")
