@@ -13,6 +13,12 @@ For each fixture (GPT-2 is skipped: microscale refuses Conv1D weights):
   from `microscale dequantize` of the same export.
 - ModelOpt export (nvfp4): ModelOpt's convert_hf_quant_config_format (what its export writes into
   config.json) turns our hf_quant_config.json into exactly our config.json quantization_config.
+- Mixed exports (attention mxfp8, other layers nvfp4: microscale's MLX exports of the two formats
+  spliced by module, with MLX's per-module entries, then `microscale convert`): ModelOpt's
+  conversion of the MIXED_PRECISION hf_quant_config.json gives our config.json, and
+  compressed-tensors matches each module to its config group and decompresses it with that
+  group's compressor to exactly microscale's dequantized weight. Fixtures with stacked experts
+  are skipped (their MLX form has no per-expert compressed-tensors or ModelOpt form).
 - MLX exports (nvfp4, mxfp4, mxfp8, affine4): mlx-lm's load_model builds the model and
   mx.dequantize of every quantized layer (per expert for switch layers) equals microscale's
   dequantized weight bit for bit.
@@ -51,6 +57,50 @@ def export(cli, fixture, work, fmt, layout):
         sh(cli, "quantize", fixture, "-o", q, "--format", fmt, "--export", layout, "--force")
         sh(cli, "dequantize", q, "-o", d, "--force")
     return q, d
+
+
+def mixed_export(cli, fixture, work, layout):
+    """(quantized dir, dequantized dir) of a mixed export: attention mxfp8, the rest nvfp4."""
+    q = os.path.join(work, f"mixed-{layout}")
+    d = q + "-dequantized"
+    if os.path.exists(os.path.join(d, "config.json")):
+        return q, d
+    mlx = os.path.join(work, "mixed-mlx")
+    if not os.path.exists(os.path.join(mlx, "config.json")):
+        fp8, nv = export(cli, fixture, work, "mxfp8", "mlx")[0], export(cli, fixture, work, "nvfp4", "mlx")[0]
+        tensors, conf = st_raw(nv), config(nv)
+        if any(len(shape) == 3 for _, shape, _ in tensors.values()):
+            raise Skipped("stacked experts")
+        for name, t in st_raw(fp8).items():
+            module = name.rsplit(".", 1)[0]
+            if ".self_attn." in module or ".attn." in module:
+                tensors[name] = t
+                conf["quantization"][module] = conf["quantization_config"][module] = {
+                    "group_size": 32, "bits": 8, "mode": "mxfp8"}
+        os.makedirs(mlx, exist_ok=True)
+        st_write(os.path.join(mlx, "model.safetensors"), tensors)
+        with open(os.path.join(mlx, "config.json"), "w") as f:
+            json.dump(conf, f)
+    sh(cli, "convert", mlx, "-o", q, "--to", layout, "--force")
+    sh(cli, "dequantize", q, "-o", d, "--force")
+    return q, d
+
+
+def st_write(path, tensors):
+    """A safetensors file of st_raw's (dtype, shape, bytes) entries."""
+    header, off = {}, 0
+    for k in sorted(tensors):
+        dt, shape, b = tensors[k]
+        header[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(tensors[k][2] for k in sorted(tensors)))
+
+
+class Skipped(Exception):
+    """A check that does not apply to a fixture."""
 
 
 NP_DTYPES = {"F32": "float32", "F16": "float16", "U8": "uint8", "U32": "uint32", "I64": "int64", "F8_E4M3": "uint8"}
@@ -184,6 +234,44 @@ def check_modelopt_config(q):
     assert "config_groups" in conv, f"quant_algo {ours.get('quant_algo')} not recognised"
     assert conv == ours, f"ModelOpt's conversion {conv}, ours {ours}"
     return f"convert_hf_quant_config_format gives our config.json form ({conv['quant_algo']}, ignore {len(conv['ignore'])})"
+
+
+def check_ct_mixed(q, d):
+    """compressed-tensors' own module matching (apply_quantization_config) and each group's
+    compressor give every quantized weight of the mixed export equal, bit for bit, to microscale's
+    dequantized one. (transformers' from_pretrained decompresses every dense layer with one group's
+    compressor, so it cannot load dense models of several formats.)"""
+    import torch
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    qc = config(q)["quantization_config"]
+    parsed = QuantizationConfig.model_validate(qc)
+    assert parsed.format == "mixed-precision", parsed.format
+    tensors = {}
+    for f in sorted(os.listdir(q)):
+        if f.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(q, f)))
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+        apply_quantization_config(model, parsed, show_progress=False)
+        formats = {}
+        for name, module in model.named_modules():
+            scheme = getattr(module, "quantization_scheme", None)
+            if scheme is None or scheme.weights is None:
+                continue
+            local = {k[len(name) + 1:]: v for k, v in tensors.items() if k.rsplit(".", 1)[0] == name}
+            w = BaseCompressor.get_value_from_registry(scheme.format).decompress(local, scheme)["weight"]
+            want = ref.get_submodule(name).weight
+            assert torch.equal(w.to(torch.bfloat16).view(torch.int16), want.view(torch.int16)), name
+            formats[name] = scheme.format
+    want = {m: g["format"] for g in qc["config_groups"].values() for m in g["targets"]}
+    assert formats == want, "compressed-tensors matched other modules than the groups' targets name"
+    counts = {f: sum(v == f for v in formats.values()) for f in sorted(set(formats.values()))}
+    return f"{len(formats)} layers decompressed equal to microscale's ({counts})"
 
 
 # mlx-lm's switch_mlp projection names for the per-expert names of the checkpoints (Mixtral's w1/w2/w3).
@@ -325,7 +413,9 @@ def main():
                   ("nvfp4", "compressed-tensors", "transformers", check_transformers),
                   ("mxfp4", "compressed-tensors", "config", lambda f, q, d: check_ct_config(q)),
                   ("mxfp4", "compressed-tensors", "transformers", check_transformers),
-                  ("nvfp4", "modelopt", "config", lambda f, q, d: check_modelopt_config(q))]
+                  ("nvfp4", "modelopt", "config", lambda f, q, d: check_modelopt_config(q)),
+                  ("mixed", "modelopt", "config", lambda f, q, d: check_modelopt_config(q)),
+                  ("mixed", "compressed-tensors", "decompress", lambda f, q, d: check_ct_mixed(q, d))]
         checks += [(fmt, "mlx", "mlx-lm", check_mlx)
                    for fmt in ("nvfp4", "mxfp4", "mxfp8", "affine4")]
     else:
@@ -342,8 +432,12 @@ def main():
         for fmt, layout, what, fn in checks:
             key = f"{fmt} {layout} {what}"
             try:
-                q, d = export(cli, fixture, os.path.join(work, arch), fmt, layout)
+                at = os.path.join(work, arch)
+                q, d = mixed_export(cli, fixture, at, layout) if fmt == "mixed" else export(cli, fixture, at, fmt, layout)
                 msg, status = fn(fixture, q, d), "PASS"
+            except Skipped as e:
+                print(f"{'SKIP':5} {arch:12} {key}: {e}", flush=True)
+                continue
             except Known as e:
                 msg, status = str(e), "KNOWN"
             except Differs as e:

@@ -249,10 +249,14 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   const bool fp8_decoded = det.mixed() && !lay.keeps_fp8_groups;
   const DType fp8_dtype = fp8_decoded ? source_dtype(in, det, report) : DType::bfloat16;
 
-  // Activation scales survive only when every layer has one and the target stores them.
+  // Activation scales survive only when every nvfp4 layer has one (the other formats store
+  // none: a mixed checkpoint's MXFP8 layers quantize activations at run time) and the target
+  // stores them.
+  const auto nvfp4 = [](const Layer& l) { return l.format.mode == Mode::nvfp4; };
   const std::size_t acts = static_cast<std::size_t>(
       std::count_if(det.layers.begin(), det.layers.end(), [](const Layer& l) { return l.act.has_value(); }));
-  const bool w4a4 = acts == det.layers.size() && lay.activation_scales;
+  const std::size_t nvfp4_layers = static_cast<std::size_t>(std::count_if(det.layers.begin(), det.layers.end(), nvfp4));
+  const bool w4a4 = acts > 0 && acts == nvfp4_layers && lay.activation_scales;
   if (acts && !w4a4) {
     report.notes.push_back(std::to_string(acts) + " activation scales dropped: " +
                            (!lay.activation_scales ? std::string(lay.title) + " is weight-only"

@@ -26,6 +26,7 @@ CtFormat format_kind(const std::string& f) {
   if (f == "float-quantized") return CtFormat::float_quantized;
   if (f == "nvfp4-pack-quantized") return CtFormat::nvfp4_pack;
   if (f == "mxfp4-pack-quantized") return CtFormat::mxfp4_pack;
+  if (f == "mxfp8-quantized") return CtFormat::mxfp8;
   return CtFormat::other;
 }
 
@@ -39,6 +40,9 @@ std::string group_format(const Json& group, const std::string& top) {
   const auto bits = w->find("num_bits");
   const auto group_size = w->find("group_size");
   if (lower_string(*w, "type") != "float" || bits == w->end() || !bits->is_number_integer()) return "";
+  // compressed-tensors tells MXFP8 from FP8 the same way: groups of 32 with uint8 (E8M0) scales.
+  if (*bits == 8 && group_size != w->end() && *group_size == 32 && lower_string(*w, "scale_dtype") == "torch.uint8")
+    return "mxfp8-quantized";
   if (*bits == 8) return "float-quantized";
   if (*bits == 4 && group_size != w->end() && *group_size == 16) return "nvfp4-pack-quantized";
   if (*bits == 4 && group_size != w->end() && *group_size == 32) return "mxfp4-pack-quantized";
@@ -81,6 +85,7 @@ const char* name(CtFormat kind) {
     case CtFormat::float_quantized: return "float-quantized";
     case CtFormat::nvfp4_pack: return "nvfp4-pack-quantized";
     case CtFormat::mxfp4_pack: return "mxfp4-pack-quantized";
+    case CtFormat::mxfp8: return "mxfp8-quantized";
     case CtFormat::other: break;
   }
   return "?";

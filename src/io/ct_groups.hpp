@@ -17,7 +17,7 @@
 namespace microscale::io::ck {
 
 // What a group's weights are stored as.
-enum class CtFormat { float_quantized, nvfp4_pack, mxfp4_pack, other };
+enum class CtFormat { float_quantized, nvfp4_pack, mxfp4_pack, mxfp8, other };
 
 struct CtGroup {
   std::string name;    // its key in config_groups: "group_0"
@@ -63,6 +63,6 @@ CtGroups ct_groups(const Json& config);
 std::array<std::int64_t, 2> config_block_pair(const Json& v, const std::string& what);
 
 // The format a group must have for a weight stored as `kind`.
-const char* name(CtFormat kind);  // "float-quantized", "nvfp4-pack-quantized", ...
+const char* name(CtFormat kind);  // "float-quantized", "nvfp4-pack-quantized", "mxfp8-quantized", ...
 
 }  // namespace microscale::io::ck

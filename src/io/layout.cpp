@@ -58,7 +58,7 @@ const LayoutOps& layout(Convention c) {
 
 const LayoutOps& default_layout(Mode m) {
   for (const LayoutOps* l : layouts())
-    if (l->holds(m)) return *l;
+    if (std::find(l->default_modes.begin(), l->default_modes.end(), m) != l->default_modes.end()) return *l;
   throw Error(std::string("no checkpoint layout stores ") + name(m));
 }
 
@@ -143,7 +143,10 @@ void match_groups(Detected& d, const Json& config) {
     d.group_of[module] = static_cast<std::size_t>(g - d.groups.groups.data());
   };
   for (const Layer& l : d.layers)
-    match(l.module, l.primary(), l.format.mode == Mode::nvfp4 ? CtFormat::nvfp4_pack : CtFormat::mxfp4_pack);
+    match(l.module, l.primary(),
+          l.format.mode == Mode::nvfp4   ? CtFormat::nvfp4_pack
+          : l.format.mode == Mode::mxfp8 ? CtFormat::mxfp8
+                                         : CtFormat::mxfp4_pack);
   if (d.sources.kind == SourceKind::ct_fp8)
     for (const SourceWeight& w : d.sources.weights) match(w.module, w.data, CtFormat::float_quantized);
 }
@@ -156,7 +159,7 @@ Detected detect(const Checkpoint& ck, const Json& config) {
   for (const std::string& n : ck.names()) {
     if (d.consumed.count(n)) continue;
     for (const LayoutOps* lay : layouts()) {
-      if (!lay->is_primary || !lay->is_primary(ck, n)) continue;
+      if (!lay->is_primary || !lay->is_primary(ck, config, n)) continue;
       Layer l = lay->read(ck, config, module_of(n));
       kinds.insert(lay->name);
       d.convention = lay->convention;
@@ -351,6 +354,35 @@ float scalar_f32(const StTensor& t, const std::string& what) {
   float v;
   std::memcpy(&v, t.data.data(), 4);
   return v;
+}
+
+bool is_mxfp8_weight(const Checkpoint& ck, std::string_view tensor) {
+  if (!tensor.ends_with(".weight") || ck.tensor(std::string(tensor)).dtype != StDType::f8_e4m3) return false;
+  const StTensor* s = find(ck, std::string(tensor) + "_scale");
+  return s && s->dtype == StDType::u8;
+}
+
+Layer read_mxfp8(const Checkpoint& ck, const std::string& m) {
+  Layer l;
+  l.module = m;
+  const StTensor& w = need(ck, m, m + ".weight", "FP8 weights");
+  const StTensor& s = need(ck, m, m + ".weight_scale", "E8M0 block scales");
+  l.shape = rows_cols(w);
+  l.format.mode = Mode::mxfp8;
+  l.format.elem = Elem::e4m3;
+  l.format.bits = numerics::default_bits(Mode::mxfp8);
+  l.format.group_size = numerics::default_group_size(Mode::mxfp8);
+  check_dims(l);
+  check_shape(s, StDType::u8, {l.rows(), l.cols() / l.format.group_size});
+  l.sources = {{w.name, Role::packed}, {s.name, Role::scales}};
+  l.packed = w.data;
+  l.scales = s.data;
+  (void)l.spec();  // validates mode/group/bits
+  return l;
+}
+
+std::string quant_method(const Json& config) {
+  return config.is_object() ? lower_field(quantization_config(config), "quant_method") : "";
 }
 
 // A stored scale must be finite and so must the amax it stands for: 2688 / 1e-40 is not, and a

@@ -61,9 +61,10 @@ struct LayoutOps {
   bool per_layer_schemes;    // its config describes layers of different schemes
   const char* shard_format;  // the safetensors metadata "format" its files carry, or null to keep the input's
 
-  // Whether `tensor` is the first tensor of a layer in this layout (detection); null for a layout
-  // that safetensors checkpoints never hold (GGUF).
-  bool (*is_primary)(const Checkpoint& ck, std::string_view tensor);
+  // Whether `tensor` is the first tensor of a layer in this layout (detection; `config` is
+  // config.json, which tells layouts with the same tensors apart); null for a layout that
+  // safetensors checkpoints never hold (GGUF).
+  bool (*is_primary)(const Checkpoint& ck, const Json& config, std::string_view tensor);
   Layer (*read)(const Checkpoint& ck, const Json& config, const std::string& module);
   // quantize: sets the layout's customary scale rule when the user chose none (may be null), and
   // refuses up front a spec it cannot hold that a layer would not show (may be null).
@@ -85,8 +86,10 @@ struct LayoutOps {
   // its own layers (convert of a mixed checkpoint); else they are written dequantized. Its
   // config describes config groups (compressed-tensors'), which detection matches to the layers.
   bool keeps_fp8_groups = false;
-  // The modes its layers can be stored in.
+  // The modes its layers can be stored in, and those quantize writes to it when no export is
+  // named (default_layout): a mode another layout stores more customarily is left out.
   std::span<const Mode> modes = kFp4Modes;
+  std::span<const Mode> default_modes = kFp4Modes;
   // Reads a file of the layout's own format back (GGUF); null for the safetensors layouts, which
   // detection finds in any checkpoint.
   struct FileReader {
@@ -111,7 +114,8 @@ std::span<const LayoutOps* const> layouts();
 const LayoutOps& layout(Convention c);
 // The reader of the layout whose own file `path` is (GGUF), or null (a safetensors checkpoint).
 const LayoutOps::FileReader* file_reader_for(const fs::path& path);
-// The layout a quantize without --export writes `m` to: the first in layouts() that holds it.
+// The layout a quantize without --export writes `m` to: the first in layouts() with `m` in its
+// default_modes.
 const LayoutOps& default_layout(Mode m);
 // "a or b" / "a, b or c" over the layouts with `flag` set (all with null), by name or by title.
 std::string layouts_with(bool LayoutOps::*flag, bool titles);
@@ -185,6 +189,14 @@ Shape rows_cols(const StTensor& t);  // refuses all but 2-D
 // K of a packed weight: its width in `item_bits`-bit words (U8 or U32) holding `bits`-bit elements.
 std::int64_t unpacked_cols(const std::string& m, const StTensor& packed, int item_bits, int bits);
 float scalar_f32(const StTensor& t, const std::string& what);
+// Whether `tensor` is an MXFP8 weight as compressed-tensors and ModelOpt store it: "<m>.weight"
+// F8_E4M3 [N, K] beside "<m>.weight_scale" U8 (E8M0 exponents). FP8 source weights have float
+// scales (source_fp8.cpp).
+bool is_mxfp8_weight(const Checkpoint& ck, std::string_view tensor);
+// Reads such a layer (mode mxfp8, E4M3 elements, group 32).
+Layer read_mxfp8(const Checkpoint& ck, const std::string& module);
+// quantization_config.quant_method of config.json in lower case, or "".
+std::string quant_method(const Json& config);
 // Refuses a stored global or activation scale that is invalid, or whose amax is not finite.
 void check_global(const Layer& l);
 

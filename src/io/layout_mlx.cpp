@@ -14,7 +14,7 @@ namespace {
 constexpr std::string_view kSuffixes[] = {".weight", ".scales", ".biases"};
 constexpr Mode kModes[] = {Mode::nvfp4, Mode::mxfp4, Mode::mxfp8, Mode::affine};
 
-bool is_primary(const Checkpoint& ck, std::string_view tensor) {
+bool is_primary(const Checkpoint& ck, const Json&, std::string_view tensor) {
   return tensor.ends_with(".scales") && ck.contains(module_of(tensor) + ".weight");
 }
 
@@ -205,6 +205,7 @@ constinit const LayoutOps kMlxLayout{
     .write_file = nullptr,
     .keeps_fp8_groups = false,
     .modes = kModes,
+    .default_modes = kModes,
 };
 
 }  // namespace microscale::io::ck
