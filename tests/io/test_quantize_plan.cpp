@@ -71,8 +71,8 @@ TEST(QuantizePlan, LlamaProjectionsQuantizedEmbeddingsAndHeadKept) {
   EXPECT_EQ(plan.kept.at("lm_head.weight"), "lm_head");
   EXPECT_EQ(plan.kept.at("model.embed_tokens.weight"), "embedding");
   EXPECT_EQ(plan.ignore, (std::vector<std::string>{"lm_head", "model.embed_tokens"}));
-  EXPECT_TRUE(plan.three_level);  // compressed-tensors stores the nvfp4 global scale
-  EXPECT_EQ(plan.row_block, 16);
+  EXPECT_TRUE(plan.base.three_level);  // compressed-tensors stores the nvfp4 global scale
+  EXPECT_EQ(plan.base.row_block, 16);
   EXPECT_FALSE(plan.stack_experts);
   EXPECT_FALSE(plan.w4a4);
   EXPECT_TRUE(plan.gptq.empty());
@@ -92,7 +92,7 @@ TEST(QuantizePlan, LlamaProjectionsQuantizedEmbeddingsAndHeadKept) {
 TEST(QuantizePlan, MlxNvfp4IsTwoLevelWithoutFusedGroups) {
   const ck::QuantizePlan plan = plan_of(kFixtures / "llama", options(Convention::mlx)).plan;
   EXPECT_EQ(modules(plan), llama_projections());
-  EXPECT_FALSE(plan.three_level);
+  EXPECT_FALSE(plan.base.three_level);
   EXPECT_TRUE(plan.fused.empty());
   EXPECT_TRUE(plan.notes.empty());
 }
@@ -180,13 +180,13 @@ TEST(QuantizePlan, GgufRowsAreWholeSuperBlocks) {
   const iot::TempDir dir;
   const std::filesystem::path src = write_k96(dir);
   const ck::QuantizePlan gguf = plan_of(src, options(Convention::gguf)).plan;
-  EXPECT_EQ(gguf.row_block, 64);
+  EXPECT_EQ(gguf.base.row_block, 64);
   EXPECT_EQ(modules(gguf), std::set<std::string>{"model.layers.0.self_attn.q_proj"});
   EXPECT_EQ(gguf.kept.at("model.layers.0.mlp.down_proj.weight"), "K = 96 is not a multiple of the group size 64");
-  EXPECT_EQ(plan_of(src, options(Convention::gguf, Mode::mxfp4)).plan.row_block, 32);
+  EXPECT_EQ(plan_of(src, options(Convention::gguf, Mode::mxfp4)).plan.base.row_block, 32);
   EXPECT_EQ(modules(plan_of(src, options(Convention::gguf, Mode::mxfp4)).plan).size(), 2u);
   const ck::QuantizePlan ct = plan_of(src, options(Convention::compressed_tensors)).plan;
-  EXPECT_EQ(ct.row_block, 16);
+  EXPECT_EQ(ct.base.row_block, 16);
   EXPECT_EQ(modules(ct).size(), 2u);
   EXPECT_TRUE(ct.kept.empty());
 }
