@@ -6,11 +6,14 @@
 //   compressed-tensors  <m>.weight_packed U8 [N, K/2], <m>.weight_scale F8_E4M3 [N, K/16] (nvfp4) or
 //                       U8 E8M0 [N, K/32] (mxfp4), <m>.weight_global_scale F32 [1] = 2688/amax
 //                       (nvfp4; the encode factor), <m>.input_global_scale F32 [1] (W4A4 only);
-//                       config.json quantization_config (quant_method "compressed-tensors").
+//                       mxfp8: <m>.weight F8_E4M3 [N, K], <m>.weight_scale U8 [N, K/32];
+//                       config.json quantization_config (quant_method "compressed-tensors"), a
+//                       config group per format.
 //   modelopt            <m>.weight U8 [N, K/2], <m>.weight_scale F8_E4M3 [N, K/16],
 //                       <m>.weight_scale_2 F32 [] = amax/2688 (the decode factor), <m>.input_scale
-//                       F32 [] (W4A4 only); hf_quant_config.json and config.json
-//                       quantization_config (quant_method "modelopt"). nvfp4 only.
+//                       F32 [] (W4A4 only); mxfp8 as compressed-tensors'; hf_quant_config.json
+//                       (MIXED_PRECISION with quantized_layers when formats differ) and config.json
+//                       quantization_config (quant_method "modelopt").
 //   mlx                 <m>.weight U32 [N, K*bits/32], <m>.scales [N, K/group] (U8 codes for fp
 //                       modes, the weight's dtype for affine), <m>.biases (affine); config.json
 //                       "quantization" {group_size, bits, mode} mirrored as "quantization_config".
@@ -112,7 +115,7 @@ struct BudgetReport {
 struct Report {
   std::vector<TensorReport> tensors;
   std::vector<BudgetReport> budget;  // quantize --budget: one entry per choice, in checkpoint order
-  std::vector<std::string> notes;  // warnings and decisions worth telling the user
+  std::vector<std::string> notes;    // warnings and decisions worth telling the user
   std::uint64_t bytes_in = 0, bytes_out = 0;
   std::size_t shards = 0;
   bool published = true;  // false for a split run's part that left publishing the output to another part

@@ -473,7 +473,8 @@ void py_save_checkpoint(const std::string& path, const io::CheckpointData& data,
 // quantize_checkpoint with the options microscale.quantize_checkpoint passes (its docstring says
 // what each means); returns {"tensors": [...], "budget": [...], "notes": [...]}.
 nb::dict py_quantize_checkpoint(const std::string& in, const std::string& out, const std::string& format,
-                                const std::string& export_name, const std::vector<std::pair<std::string, std::string>>& rules,
+                                const std::string& export_name,
+                                const std::vector<std::pair<std::string, std::string>>& rules,
                                 const std::string& recipe_file, std::optional<double> budget,
                                 const std::vector<std::string>& candidates, const std::string& budget_csv,
                                 const std::string& hessians, const std::vector<std::string>& exclude,

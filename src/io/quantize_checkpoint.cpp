@@ -261,10 +261,10 @@ BudgetTable choose_formats(QuantizePlan& plan, const Input& in, const Detected& 
     const LayerSpec* f = option_spec[ui][choice.chosen[ui]];
     for (std::size_t i : units[ui]) chosen[i] = f->keep() ? nullptr : f;
     numel += table[ui].numel;
-    report.budget.push_back({table[ui].tensor, f->text,
-                             static_cast<double>(table[ui].options[choice.chosen[ui]].stored_bits) /
-                                 static_cast<double>(table[ui].numel),
-                             table[ui].options[choice.chosen[ui]].error});
+    report.budget.push_back(
+        {table[ui].tensor, f->text,
+         static_cast<double>(table[ui].options[choice.chosen[ui]].stored_bits) / static_cast<double>(table[ui].numel),
+         table[ui].options[choice.chosen[ui]].error});
   }
   char buf[256];
   std::snprintf(buf, sizeof buf,

@@ -109,8 +109,8 @@ void stack_per_expert(std::vector<PlannedLayer>& chosen, const std::map<std::str
                     st_dtype_name(first.skel.float_dtype) + " " + shape_str(first.skel.shape, ShapeStyle::list) +
                     ": mlx-lm stacks a projection's experts into one tensor");
       if (s.format.text != first.format.text || s.pinned != first.pinned)
-        throw Error("expert weight " + detail::quote(s.tensor) + " is " + (s.pinned ? s.format.text : "left to --budget") +
-                    " but " + detail::quote(first.tensor) + " is " +
+        throw Error("expert weight " + detail::quote(s.tensor) + " is " +
+                    (s.pinned ? s.format.text : "left to --budget") + " but " + detail::quote(first.tensor) + " is " +
                     (first.pinned ? first.format.text : "left to --budget") +
                     ": mlx-lm stacks a projection's experts into one tensor of one format");
       r.tensors.push_back(s.tensor);
@@ -198,7 +198,8 @@ void check_formats(QuantizePlan& plan, const Input& in, const QuantizeOptions& o
     for (const auto& g : fused_groups(mods)) {
       const PlannedLayer& first = *by_module[g.front()];
       for (const std::string& m : g)
-        if (by_module[m]->format.text != first.format.text || by_module[m]->format.three_level != first.format.three_level)
+        if (by_module[m]->format.text != first.format.text ||
+            by_module[m]->format.three_level != first.format.three_level)
           throw Error(detail::quote(first.module) + " is " + first.format.text + " but " + detail::quote(m) + " is " +
                       by_module[m]->format.text + ": " + lay.title +
                       " loaders (vLLM) run a fused group (q/k/v, gate/up) as one GEMM, so its members need one "
@@ -298,11 +299,10 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
   const LayerSpec& base = plan.base = layer_spec(base_format, lay, opt.spec.nonfinite, "--format");
   std::vector<LayerSpec> rule_specs;
   for (std::size_t r = 0; r < opt.recipe.size(); ++r)
-    rule_specs.push_back(opt.recipe[r].format.keep()
-                             ? LayerSpec{}
-                             : layer_spec(opt.recipe[r].format, lay, opt.spec.nonfinite,
-                                          "recipe rule " + std::to_string(r + 1) + " (" +
-                                              detail::quote(opt.recipe[r].pattern) + ")"));
+    rule_specs.push_back(opt.recipe[r].format.keep() ? LayerSpec{}
+                                                     : layer_spec(opt.recipe[r].format, lay, opt.spec.nonfinite,
+                                                                  "recipe rule " + std::to_string(r + 1) + " (" +
+                                                                      detail::quote(opt.recipe[r].pattern) + ")"));
   std::vector<bool> rule_used(opt.recipe.size(), false);
   const bool budget = opt.budget_bits.has_value();
   const std::vector<LayerSpec> candidates = budget ? budget_candidates(opt, lay) : std::vector<LayerSpec>{};
@@ -480,8 +480,10 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
       const std::string rule = "recipe rule " + std::to_string(r + 1) + " (" + detail::quote(opt.recipe[r].pattern) +
                                " -> " + opt.recipe[r].format.text + ")";
       if (hit.empty()) throw Error(rule + " matches no weight (" + example() + ")");
-      throw Error(rule + " matches no layer left to it (an earlier rule, --exclude, or a weight kept by name, "
-                  "which --include selects): " + list_reasons(hit));
+      throw Error(rule +
+                  " matches no layer left to it (an earlier rule, --exclude, or a weight kept by name, "
+                  "which --include selects): " +
+                  list_reasons(hit));
     }
   for (const auto& [m, amax] : opt.activation_amax) {
     const auto w = weight_modules.find(m);

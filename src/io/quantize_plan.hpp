@@ -20,10 +20,10 @@ namespace microscale::io::ck {
 // A layer's format resolved for the layout: what it is quantized with and how its nvfp4 global
 // scale is stored.
 struct LayerSpec {
-  QuantSpec spec;            // resolved; the global scale is set when the layer is written
-  bool three_level = false;  // nvfp4 with the tensor's own global scale, stored by the layout
-  bool unit_global = false;  // two-level nvfp4 in a layout that stores a global scale: encode factor 1
-  std::string text;          // as --format, a recipe rule or a candidate wrote it
+  QuantSpec spec;              // resolved; the global scale is set when the layer is written
+  bool three_level = false;    // nvfp4 with the tensor's own global scale, stored by the layout
+  bool unit_global = false;    // two-level nvfp4 in a layout that stores a global scale: encode factor 1
+  std::string text;            // as --format, a recipe rule or a candidate wrote it
   std::int64_t row_block = 0;  // K must be a multiple of it (LayoutOps::row_block, else the group size)
   bool keep() const { return row_block == 0; }  // a --budget candidate that keeps the layer in high precision
 };
@@ -44,7 +44,7 @@ struct PlannedLayer {
 
 struct QuantizePlan {
   const LayoutOps* layout = nullptr;
-  LayerSpec base;               // --format's, for the layers no recipe rule names
+  LayerSpec base;              // --format's, for the layers no recipe rule names
   bool stack_experts = false;  // MoE experts become one stacked layer (LayoutOps::stacked_experts)
   bool copy_codes = false;     // gpt-oss's MXFP4 codes and scales are copied (convert), not requantized
   bool gptoss_split = false;   // gpt-oss's experts split into gate, up and down (and their biases)

@@ -111,9 +111,9 @@ std::vector<RecipeRule> read_recipe(const std::filesystem::path& path) {
         if (!v.is_string()) detail::fail(source, what + ": \"format\" must be a string");
         text = v.get<std::string>() + text;
       } else {
-        const std::string value = v.is_string() ? v.get<std::string>() : v.is_boolean() || v.is_number_integer()
-                                                                             ? v.dump()
-                                                                             : std::string();
+        const std::string value = v.is_string()                             ? v.get<std::string>()
+                                  : v.is_boolean() || v.is_number_integer() ? v.dump()
+                                                                            : std::string();
         if (value.empty()) detail::fail(source, what + ": option " + detail::quote(k) + " must be a string or number");
         text += "," + k + "=" + value;
       }

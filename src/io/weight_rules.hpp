@@ -12,7 +12,20 @@
 namespace microscale::io::ck {
 
 // Why a tensor is not quantized; `quantize` when it is.
-enum class Keep { quantize, not_weight, rank, dtype, lm_head, embedding, norm, router, excluded, group, recipe, budget };
+enum class Keep {
+  quantize,
+  not_weight,
+  rank,
+  dtype,
+  lm_head,
+  embedding,
+  norm,
+  router,
+  excluded,
+  group,
+  recipe,
+  budget
+};
 
 // The default rule (why_kept): a float 2-D "<m>.weight" of a projection is quantized.
 Keep default_keep(std::string_view name, const Shape& shape, StDType dtype);

@@ -339,3 +339,40 @@ def test_python_budget(model, tmp_path):
         ms.quantize_checkpoint(src, tmp_path / "x", candidates=["mxfp8"])
     with pytest.raises(TypeError, match="budget"):
         ms.quantize_checkpoint(src, tmp_path / "x", budget="6")
+
+
+@pytest.mark.parametrize("export", ["compressed-tensors", "modelopt"])
+def test_recipe_exports_mixed_configs_that_convert_keeping_every_byte(model, tmp_path, export):
+    """nvfp4 attention (three-level) beside mxfp8 MLPs: the config says each layer's format, the
+    mxfp8 bytes are those of the MLX export, and convert between the layouts keeps every byte."""
+    src, tensors = model
+    out = tmp_path / "out"
+    ok("quantize", src, "-o", out, "--export", export, "--layer", "*.mlp.*=mxfp8")
+    ok("quantize", src, "-o", tmp_path / "mlx", "--export", "mlx", "--layer", "*.mlp.*=mxfp8")
+    cfg = json.load(open(out / "config.json"))["quantization_config"]
+    mlp = sorted(f"model.layers.{i}.{p}" for i in range(2) for p in PROJ if p.startswith("mlp"))
+    attn = sorted(f"model.layers.{i}.{p}" for i in range(2) for p in PROJ if p.startswith("self_attn"))
+    if export == "compressed-tensors":
+        assert cfg["format"] == "mixed-precision"
+        groups = {g["format"]: sorted(g["targets"]) for g in cfg["config_groups"].values()}
+        assert groups == {"mxfp8-quantized": mlp, "nvfp4-pack-quantized": attn}
+    else:
+        layers = cfg["quantized_layers"]
+        assert cfg["quant_algo"] == "MIXED_PRECISION"
+        assert {m for m, v in layers.items() if v["quant_algo"] == "MXFP8"} == set(mlp)
+        assert {m for m, v in layers.items() if v["quant_algo"] == "W4A16_NVFP4"} == set(attn)
+    t, m = load_all(str(out)), load_all(str(tmp_path / "mlx"))
+    for name in mlp:
+        assert t[name + ".weight"].tobytes() == m[name + ".weight"].tobytes(), name
+        assert t[name + ".weight_scale"].tobytes() == m[name + ".scales"].tobytes(), name
+    other = "modelopt" if export == "compressed-tensors" else "compressed-tensors"
+    ok("convert", out, "-o", tmp_path / "other", "--to", other)
+    ok("convert", tmp_path / "other", "-o", tmp_path / "back", "--to", export)
+    back = load_all(str(tmp_path / "back"))
+    assert sorted(back) == sorted(t) and all(back[n].tobytes() == t[n].tobytes() for n in t)
+    ok("dequantize", out, "-o", tmp_path / "dq1")
+    ok("dequantize", tmp_path / "other", "-o", tmp_path / "dq2")
+    a, b = load_all(str(tmp_path / "dq1")), load_all(str(tmp_path / "dq2"))
+    assert all(a[n].tobytes() == b[n].tobytes() for n in a)
+    r = ok("inspect", out)
+    assert "mxfp8" in r.stdout and "nvfp4" in r.stdout
