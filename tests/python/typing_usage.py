@@ -36,3 +36,15 @@ def dlpack_use(t: Any) -> Any:
     """Any array with __dlpack__ (a torch tensor here) goes in; its own type comes out."""
     packed, scales = microscale.quantize(t, mode="mxfp8")
     return microscale.dequantize(packed, scales, mode="mxfp8", dtype="float16", out_type="torch")
+
+
+def checkpoint_use() -> float:
+    report: microscale.QuantizeReport = microscale.quantize_checkpoint(
+        "model", "out", format="nvfp4,scale_search=mse", export="mlx",
+        recipe={"*.down_proj": "mxfp8", "*.o_proj": "keep"}, budget=5.0, candidates=["nvfp4", "mxfp8", "keep"],
+        budget_csv="choice.csv", exclude=["lm_head"], force=True)
+    microscale.quantize_checkpoint("model", "out", recipe=[("*.down_proj", "mxfp8")])
+    microscale.quantize_checkpoint("model", "out", recipe="recipe.json")
+    formats: dict[str, str] = report.formats()
+    first: microscale.BudgetChoice = report.budget[0]
+    return first.bits + first.error + len(formats) + len(report.notes)
