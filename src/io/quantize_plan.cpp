@@ -525,9 +525,11 @@ std::vector<LayerSpec> budget_candidates(const QuantizeOptions& opt, const Layou
   if (!(*opt.budget_bits > 0) || !std::isfinite(*opt.budget_bits))
     throw Error("--budget " + fmt_float(*opt.budget_bits) + ": the budget is a positive number of bits per weight");
   std::vector<LayerFormat> formats = opt.candidates;
-  if (formats.empty())
-    for (const char* f : {"nvfp4,scale_search=mse", "mxfp8", "keep"})
-      formats.push_back(parse_layer_format(f, "the default --candidate"));
+  if (formats.empty())  // the defaults the layout holds (GGUF has no mxfp8)
+    for (const char* f : {"nvfp4,scale_search=mse", "mxfp8", "keep"}) {
+      LayerFormat d = parse_layer_format(f, "the default --candidate");
+      if (d.keep() || lay.holds(d.spec->mode)) formats.push_back(std::move(d));
+    }
   std::vector<LayerSpec> out;
   for (const LayerFormat& f : formats) {
     const std::string what = "--candidate " + detail::quote(f.text);

@@ -157,15 +157,18 @@ def test_blocks_hold_the_compressed_tensors_bytes_and_decode_alike(exports, arch
     assert_same_layers(*exports[arch, fmt], arch, fmt)
 
 
-def assert_same_layers(g, ct, arch, fmt, cfg=None):
+def assert_same_layers(g, ct, arch, fmt_of, cfg=None):
+    """fmt_of: the layers' format, or a function giving each module's."""
     _, tensors = tensors_of(g)
     ctt = load_all(ct)
     layers = [n[: -len(".weight_packed")] for n in ctt if n.endswith(".weight_packed")]
     assert layers
     for m in layers:
+        fmt = fmt_of(m) if callable(fmt_of) else fmt_of
         name, expert = gguf_name(arch, m + ".weight", cfg)
         assert name in tensors, (m, name)
         t = tensors[name]
+        assert t.tensor_type == getattr(gguf.GGMLQuantizationType, fmt.upper()), (m, t.tensor_type)
         data = np.asarray(t.data)
         if expert is not None:
             data = data[expert]
@@ -270,6 +273,43 @@ def test_dequantize_and_inspect_a_gguf(exports, tmp_path, arch, fmt):
         assert np.allclose(got, w.astype(np.float32), rtol=2 ** -21, atol=0), n
     r = ok("inspect", g)
     assert "gguf" in r.stdout and ("NVFP4" in r.stdout or "MXFP4" in r.stdout)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_recipe_gives_each_tensor_its_type(tmp_path, arch):
+    """A recipe's per-layer formats become per-tensor GGML types holding the compressed-tensors
+    export's bytes, which llama.cpp's decoder reads, and the GGUF reads back."""
+    fixture = os.path.join(FIXTURES, arch)
+    rule = ["--layer", "*down_proj=mxfp4,scale_rule=even"]  # compressed-tensors' default rule, in both
+    ok("quantize", fixture, "-o", tmp_path / "m.gguf", "--export", "gguf", *rule)
+    ok("quantize", fixture, "-o", tmp_path / "ct", "--export", "compressed-tensors", *rule)
+    assert_same_layers(str(tmp_path / "m.gguf"), str(tmp_path / "ct"), arch,
+                       lambda m: "mxfp4" if m.endswith("down_proj") else "nvfp4")
+    r = ok("inspect", tmp_path / "m.gguf")
+    assert "mxfp4" in r.stdout and "nvfp4" in r.stdout
+    ok("convert", tmp_path / "m.gguf", "-o", tmp_path / "back", "--to", "compressed-tensors")
+    a, b = load_all(str(tmp_path / "back")), load_all(str(tmp_path / "ct"))
+    for n in b:
+        if n.endswith((".weight_packed", ".weight_scale")):
+            assert a[n].tobytes() == b[n].tobytes(), n
+
+
+def test_budget_into_gguf_chooses_among_the_types_it_has(tmp_path):
+    """GGUF has no mxfp8: the default candidates there are nvfp4 (mse) and keep; a named mxfp8
+    candidate is refused."""
+    fixture = os.path.join(FIXTURES, "llama")
+    ok("quantize", fixture, "-o", tmp_path / "m.gguf", "--export", "gguf", "--budget", "8", "--budget-csv",
+       tmp_path / "t.csv")
+    rows = (tmp_path / "t.csv").read_text().splitlines()
+    assert {r.rsplit(",", 3)[0].split(",", 1)[1].strip('"') for r in rows[1:]} == {"nvfp4,scale_search=mse", "keep"}
+    _, tensors = tensors_of(str(tmp_path / "m.gguf"))
+    projections = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_up.weight",
+                   "ffn_gate.weight", "ffn_down.weight")
+    types = {t.tensor_type for n, t in tensors.items() if n.endswith(projections)}
+    assert types == {gguf.GGMLQuantizationType.NVFP4, gguf.GGMLQuantizationType.BF16}
+    r = run("quantize", fixture, "-o", tmp_path / "x.gguf", "--export", "gguf", "--budget", "8", "--candidate",
+            "mxfp8")
+    assert r.returncode != 0 and "mxfp8" in r.stderr and "GGUF" in r.stderr, r.stderr
 
 
 def test_split_files_are_llamas(tmp_path):
