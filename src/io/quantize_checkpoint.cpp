@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "io/budget.hpp"
+#include "io/budget_table.hpp"
 #include "io/quantize_plan.hpp"
 #include "io/source_gptoss.hpp"
 #include "io/tensor_values.hpp"
@@ -20,13 +20,6 @@ namespace microscale::io {
 namespace {
 
 using namespace ck;
-
-// A Hessian tensor's values as float64 (any alignment).
-std::vector<double> hessian_values(const StTensor& t) {
-  std::vector<double> h(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < h.size(); ++i) h[i] = element_value(t.data.data(), t.dtype, i);
-  return h;
-}
 
 double rel_error(const TensorView& w, const Tensor& y, double* sqnr) {
   const auto n = static_cast<std::size_t>(w.numel());
@@ -85,199 +78,6 @@ std::string options_text(const QuantSpec& base, const QuantizeOptions& opt, bool
 
 // quantize_checkpoint, and with `copy_codes` convert_gptoss_mxfp4: gpt-oss MXFP4 experts then
 // take the path a dequantized gpt-oss's float stacks take, their codes and scales copied.
-// The amax of each expert's rows of `x` [experts * N, K].
-std::vector<float> expert_amaxes(const TensorView& x, std::int64_t experts) {
-  const std::int64_t rows = x.shape[0] / experts, k = x.shape[1];
-  const std::size_t elem = dtype_size(x.dtype);
-  std::vector<float> out;
-  for (std::int64_t e = 0; e < experts; ++e)
-    out.push_back(global_scale(TensorView(
-        static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(e * rows * k) * elem, x.dtype, {rows, k})));
-  return out;
-}
-
-// `x` [experts * N, K] quantized expert by expert, each with its global scale `amax[e]` (searched
-// further under mse when `search_global`), into one Quantized of the whole stack; `globals` gets
-// the amaxes used, in expert order.
-Quantized quantize_per_expert(const TensorView& x, const QuantSpec& spec, const std::vector<float>& amax,
-                              bool search_global, std::vector<Global>& globals) {
-  const auto experts = static_cast<std::int64_t>(amax.size());
-  const std::int64_t rows = x.shape[0] / experts, k = x.shape[1];
-  const std::size_t elem = dtype_size(x.dtype);
-  Quantized all;
-  for (std::int64_t e = 0; e < experts; ++e) {
-    const TensorView one(static_cast<const std::byte*>(x.data) + static_cast<std::size_t>(e * rows * k) * elem, x.dtype,
-                         {rows, k});
-    QuantSpec s = spec;
-    s.global_scale = amax[static_cast<std::size_t>(e)];
-    const Quantized q = ops::quantize(one, s, search_global);
-    if (e == 0) {
-      all.spec = q.spec;
-      all.shape = x.shape;
-      all.packed = Tensor(q.packed.dtype(), {x.shape[0], q.packed.shape()[1]});
-      all.scales = Tensor(q.scales.dtype(), {x.shape[0], q.scales.shape()[1]});
-    }
-    std::memcpy(all.packed.bytes() + static_cast<std::size_t>(e) * q.packed.nbytes(), q.packed.bytes(),
-                q.packed.nbytes());
-    std::memcpy(all.scales.bytes() + static_cast<std::size_t>(e) * q.scales.nbytes(), q.scales.bytes(),
-                q.scales.nbytes());
-    globals.push_back(Global::of_amax(*q.spec.global_scale));
-  }
-  return all;
-}
-
-// A layer's weight as float32, for the error estimate.
-std::vector<float> float32_values(const TensorView& x) {
-  std::vector<float> out(static_cast<std::size_t>(x.numel()));
-  const auto* p = static_cast<const std::byte*>(x.data);
-  const StDType st = to_st_dtype(x.dtype);
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(element_value(p, st, i));
-  return out;
-}
-
-// The bits a layer takes in the output when written as `f` (kept: its float dtype's).
-std::int64_t stored_bits(const PlannedLayer& l, const LayerSpec& f, Convention to) {
-  if (f.keep()) return l.skel.rows() * l.skel.cols() * st_dtype_bits(l.skel.float_dtype);
-  Layer skel = Layer::of(l.skel.module, f.spec, l.skel.shape);
-  skel.experts = l.skel.experts;
-  if (f.three_level || f.unit_global) skel.global = Global::of_amax(1.0f);
-  std::int64_t bits = 0;
-  for (const Out& o : emit(skel, to)) bits += static_cast<std::int64_t>(st_nbytes(o.entry.dtype, o.entry.shape)) * 8;
-  return bits;
-}
-
-// --budget: tabulates each free layer's error under every candidate (one quantization per layer
-// and candidate), then gives each the candidate of the exact choice. A fused group (q/k/v,
-// gate/up) of a layout whose loaders fuse it is one choice, as its members need one format.
-struct BudgetTable {
-  std::vector<BudgetLayer> layers;
-  BudgetChoice choice;
-};
-BudgetTable choose_formats(QuantizePlan& plan, const Input& in, const Detected& det, const QuantizeOptions& opt,
-                           Report& report) {
-  const std::vector<LayerSpec> cands = budget_candidates(opt, *plan.layout);
-  // Units: index lists into plan.layers, each taking one format.
-  std::vector<std::vector<std::size_t>> units;
-  std::map<std::string, std::size_t> index;
-  for (std::size_t i = 0; i < plan.layers.size(); ++i) index[plan.layers[i].module] = i;
-  std::vector<bool> grouped(plan.layers.size(), false);
-  if (plan.layout->fused_loading) {
-    std::vector<std::string> free;
-    for (const PlannedLayer& l : plan.layers)
-      if (!l.pinned) free.push_back(l.module);
-    for (const auto& g : fused_groups(free)) {
-      std::vector<std::size_t> u;
-      for (const std::string& m : g) {
-        u.push_back(index[m]);
-        grouped[index[m]] = true;
-      }
-      units.push_back(std::move(u));
-    }
-  }
-  for (std::size_t i = 0; i < plan.layers.size(); ++i)
-    if (!grouped[i]) units.push_back({i});
-  std::sort(units.begin(), units.end());  // the checkpoint's order, for the CSV
-
-  std::vector<BudgetLayer> table;
-  std::vector<std::vector<const LayerSpec*>> option_spec;  // per unit, per option
-  for (const std::vector<std::size_t>& u : units) {
-    BudgetLayer row{{}, 0, {}};
-    std::vector<const LayerSpec*> specs;
-    const PlannedLayer& first = plan.layers[u.front()];
-    for (std::size_t i : u) row.tensor += (row.tensor.empty() ? "" : "+") + plan.layers[i].module;
-    for (std::size_t i : u) row.numel += plan.layers[i].skel.rows() * plan.layers[i].skel.cols();
-    if (first.pinned) {  // a recipe's format: one option, counted in the budget
-      row.options.push_back({first.format.text, 0, 0.0});
-      specs.push_back(&first.format);
-    } else {
-      for (const LayerSpec& c : cands) {
-        bool fits = true;
-        for (std::size_t i : u) fits = fits && (c.keep() || plan.layers[i].skel.cols() % c.row_block == 0);
-        if (!fits) continue;
-        row.options.push_back({c.text, 0, 0.0});
-        specs.push_back(&c);
-      }
-    }
-    table.push_back(std::move(row));
-    option_spec.push_back(std::move(specs));
-  }
-  // The errors, a layer at a time: read once, quantized once per candidate.
-  const auto t0 = std::chrono::steady_clock::now();
-  std::size_t quantizations = 0;
-  for (std::size_t ui = 0; ui < units.size(); ++ui) {
-    const std::vector<std::size_t>& u = units[ui];
-    BudgetLayer& row = table[ui];
-    std::vector<Tensor> storage(u.size());
-    std::vector<TensorView> xs;
-    float unit_amax = 0;
-    const bool first_pinned = plan.layers[u.front()].pinned;
-    for (std::size_t k = 0; k < u.size(); ++k) {
-      const PlannedLayer& l = plan.layers[u[k]];
-      xs.push_back(l.experts ? (storage[k] = gather_rows(in.ck, det.sources, *l.experts), storage[k].view())
-                             : float_values(in.ck, det.sources, l.tensor, storage[k]));
-      unit_amax = std::max(unit_amax, global_scale(xs.back()));
-    }
-    for (std::size_t o = 0; o < row.options.size(); ++o) {
-      const LayerSpec& f = *option_spec[ui][o];
-      double error = 0;
-      std::int64_t bits = 0;
-      for (std::size_t k = 0; k < u.size(); ++k) {
-        const PlannedLayer& l = plan.layers[u[k]];
-        bits += stored_bits(l, f, opt.to);
-        if (f.keep() || first_pinned) continue;  // a pinned layer's error is not needed
-        QuantSpec spec = f.spec;
-        if (f.three_level) spec.global_scale = u.size() > 1 && opt.share_fused_scales ? unit_amax : global_scale(xs[k]);
-        if (f.unit_global) spec.global_scale = k2688;
-        Quantized q;
-        try {
-          q = ops::quantize(xs[k], spec, f.three_level && !(u.size() > 1 && opt.share_fused_scales));
-        } catch (const Error& e) {
-          throw Error("tensor " + detail::quote(l.tensor) + " (--budget, candidate " + f.text + "): " + e.what());
-        }
-        ++quantizations;
-        Layer ql = Layer::of(l.skel.module, f.spec, l.skel.shape);
-        ql.point_at(q);
-        if (q.spec.global_scale) ql.global = Global::of_amax(*q.spec.global_scale);
-        const Tensor dq = dequantize_layer(ql, DType::float32);
-        const std::vector<float> w = float32_values(xs[k]);
-        std::vector<double> h;
-        if (const auto it = plan.hessian_of.find(l.module); it != plan.hessian_of.end())
-          h = hessian_values(plan.hessians->tensor(it->second));
-        else if (!plan.hessian_of.empty())
-          throw Error("--budget with --hessians weighs every layer's error by its Hessian, and the file has none for " +
-                      detail::quote(l.module) + " (or leave --hessians out for the weight error)");
-        error += layer_output_error(w, {dq.data<float>(), w.size()}, l.skel.rows(), l.skel.cols(), h);
-      }
-      row.options[o].stored_bits = bits;
-      row.options[o].error = error;
-    }
-    for (std::size_t k = 0; k < u.size(); ++k) release(in.ck.tensor(plan.layers[u[k]].tensor).data);
-    if (opt.progress) opt.progress(Progress{ui + 1, units.size(), 0, 0, table[ui].tensor});
-  }
-  BudgetChoice choice = choose_under_budget(table, *opt.budget_bits);
-  std::vector<const LayerSpec*> chosen(plan.layers.size(), nullptr);
-  std::int64_t numel = 0;
-  for (std::size_t ui = 0; ui < units.size(); ++ui) {
-    const LayerSpec* f = option_spec[ui][choice.chosen[ui]];
-    for (std::size_t i : units[ui]) chosen[i] = f->keep() ? nullptr : f;
-    numel += table[ui].numel;
-    report.budget.push_back(
-        {table[ui].tensor, f->text,
-         static_cast<double>(table[ui].options[choice.chosen[ui]].stored_bits) / static_cast<double>(table[ui].numel),
-         table[ui].options[choice.chosen[ui]].error});
-  }
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "--budget %.4g bits per weight: %.4f chosen over %zu layers, estimated error %.6g (%s); %zu "
-                "quantizations in %.1f s",
-                *opt.budget_bits, static_cast<double>(choice.stored_bits) / static_cast<double>(numel), units.size(),
-                choice.error, plan.hessian_of.empty() ? "sum of squared weight errors" : "trace(dW H dW^T)",
-                quantizations, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  plan.notes.push_back(buf);
-  apply_choice(plan, in, opt, chosen);
-  return {std::move(table), std::move(choice)};
-}
-
 Report quantize_impl(const fs::path& in_path, const fs::path& out, const QuantizeOptions& opt, bool copy_codes) {
   if (opt.part.count < 1 || opt.part.index < 0 || opt.part.index >= opt.part.count)
     throw Error("part " + std::to_string(opt.part.index) + " of " + std::to_string(opt.part.count) +
@@ -288,7 +88,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
   QuantizePlan plan = plan_quantize(in_path, in, det, opt, copy_codes);
   Report report;
   const std::optional<BudgetTable> budget =
-      opt.budget_bits ? std::optional(choose_formats(plan, in, det, opt, report)) : std::nullopt;
+      opt.budget_bits ? std::optional(choose_formats(plan, in, det, opt, out, report)) : std::nullopt;
   report.notes.insert(report.notes.begin(), plan.notes.begin(), plan.notes.end());
 
   // Fused groups share the largest amax of their members (vLLM keeps one scale per fused GEMM),
@@ -325,6 +125,7 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
     return group_expert_amax[g] = std::move(mx);
   };
 
+  std::size_t from_table = 0;  // layers written from --budget's spilled quantizations
   std::vector<Item> items;
   std::map<std::string, std::vector<const PlannedLayer*>> by_name;  // primary tensor -> its layers (gate_up: two)
   std::set<std::string> stacked_parts;                              // other experts' tensors of a stacked layer
@@ -387,52 +188,38 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
       it.run = [&, sp = &s, bytes_in = it.in_bytes](TensorSink& w) {
         const StTensor& src = in.ck.tensor(sp->tensor);
         Tensor storage;
-        const TensorView x = sp->experts ? (storage = gather_rows(in.ck, det.sources, *sp->experts), storage.view())
-                                         : float_values(in.ck, det.sources, sp->tensor, storage);
-        const std::int64_t nonfinite = count_nonfinite({static_cast<const std::byte*>(x.data),
-                                                        static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype)},
-                                                       to_st_dtype(x.dtype))
-                                           .total();
-        if (nonfinite && sp->format.spec.nonfinite == NonFinite::error)
-          throw Error("tensor " + detail::quote(sp->tensor) + " has " + std::to_string(nonfinite) +
-                      " non-finite values (NaN/Inf) of " + std::to_string(src.numel()) +
-                      "; repair the checkpoint, or pass --nonfinite propagate (NaN/Inf stay "
-                      "in the blocks they hit) or saturate");
-        const auto group = group_of.find(sp->module);
-        // Stacked experts where each keeps its own global scale (GGUF's per-expert .scale): each
-        // expert is quantized with its own amax (its fused group's, expert by expert), as the
-        // per-expert layouts quantize it.
-        const bool three = sp->format.three_level;
-        const bool per_expert = three && sp->experts && sp->experts->experts > 1 && !plan.gptq.count(sp->module);
-        const std::optional<float> fused =
-            group != group_of.end() && !per_expert ? std::optional(shared_amax(group->second)) : std::nullopt;
-        QuantSpec spec = sp->format.spec;
-        if (three) spec.global_scale = fused ? *fused : global_scale(x);
-        if (sp->format.unit_global) spec.global_scale = k2688;
-        Quantized q;
-        std::vector<Global> expert_globals;
-        try {
-          if (per_expert) {
-            const bool shared = group != group_of.end();
-            q = quantize_per_expert(x, spec,
-                                    shared ? shared_expert_amax(group->second) : expert_amaxes(x, sp->experts->experts),
-                                    !shared, expert_globals);
-          } else if (const auto h = plan.gptq.find(sp->module); h != plan.gptq.end()) {
-            const StTensor& ht = plan.hessians->tensor(h->second);
-            const std::vector<double> hv = hessian_values(ht);
-            plan.hessians->check_unchanged();
-            q = gptq(x, HessianView{hv.data(), ht.shape}, spec, opt.gptq);
-          } else {
-            // A fused group keeps its one global scale: mse searches only the block scales there.
-            q = ops::quantize(x, spec, three && !fused.has_value());
-          }
-        } catch (const Error& e) {
-          throw Error("tensor " + detail::quote(sp->tensor) + ": " + e.what());
+        TensorView x;
+        auto read_x = [&] {
+          x = sp->experts ? (storage = gather_rows(in.ck, det.sources, *sp->experts), storage.view())
+                          : float_values(in.ck, det.sources, sp->tensor, storage);
+        };
+        // --budget measured this layer with the very quantization written here.
+        const QuantSpill::Entry* cached = nullptr;
+        if (budget)
+          if (const auto c = budget->chosen.find(sp->module); c != budget->chosen.end()) cached = &c->second;
+        LayerQuant lq;
+        std::int64_t nonfinite = 0;
+        if (cached) {
+          ++from_table;
+          lq = budget->spill->get(*cached);
+          nonfinite = cached->nonfinite;
+          if (opt.measure_error) read_x();
+        } else {
+          read_x();
+          nonfinite = checked_nonfinite(*sp, sp->format, x);
+          // A fused group's members share its largest amax (per expert for stacked experts).
+          const auto group = group_of.find(sp->module);
+          const bool per_expert = quantizes_per_expert(plan, *sp, sp->format);
+          const bool in_group = group != group_of.end();
+          lq = quantize_planned(plan, *sp, sp->format, x,
+                                in_group && !per_expert ? std::optional(shared_amax(group->second)) : std::nullopt,
+                                in_group && per_expert ? &shared_expert_amax(group->second) : nullptr, opt.gptq);
         }
+        const Quantized& q = lq.q;
         Layer l = sp->skel;
         l.point_at(q);
         l.global = q.spec.global_scale ? Global::of_amax(*q.spec.global_scale) : Global{};
-        l.expert_globals = std::move(expert_globals);
+        l.expert_globals = std::move(lq.expert_globals);
         TensorReport r;
         r.name = sp->module;
         r.action = TensorAction::quantized;
@@ -461,6 +248,9 @@ Report quantize_impl(const fs::path& in_path, const fs::path& out, const Quantiz
   w.options = options_text(plan.base.spec, opt, plan.w4a4);
   w.split_bytes = opt.split_bytes;
   write_output(in, out, items, opt.to, plan.meta(), w, report);
+  if (budget)
+    report.notes.push_back("--budget: " + std::to_string(from_table) +
+                           " layers written from the error table's quantizations, not quantized again");
   // After the output, so that a failed run leaves no table of a choice that was not written.
   if (budget && !opt.budget_csv.empty()) write_budget_csv(opt.budget_csv, budget->layers, budget->choice);
   return report;

@@ -138,10 +138,9 @@ std::string modes_text(const LayoutOps& lay) {
 }
 
 // The checks that need every layer's final format: W4A4, GPTQ, the layout, fused groups.
-void check_formats(QuantizePlan& plan, const Input& in, const QuantizeOptions& opt) {
+void check_formats(QuantizePlan& plan, const QuantizeOptions& opt) {
   const LayoutOps& lay = *plan.layout;
   std::vector<PlannedLayer>& chosen = plan.layers;
-  (void)in;
   // Activation scales: only from the user's calibration; refuse W4A4 without them.
   const bool w4a4 = plan.w4a4 = opt.w4a4 || !opt.activation_amax.empty();
   if (w4a4) {
@@ -384,7 +383,7 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
     // K = 0 fits no group either: its codes and scales would have no columns to tell the group from.
     Choice c;
     if (why == Keep::quantize && !copy_codes) {
-      c = choose(m, gptoss_stack ? shape[1] : shape[1]);
+      c = choose(m, shape[1]);  // K: the input dimension, [E, in, out] for gpt-oss stacks too
       why = c.why;
     } else if (why == Keep::quantize) {
       c.spec = &base;
@@ -517,7 +516,7 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
     if (plan.hessian_of.empty()) throw Error("--hessians " + opt.hessians.string() + " holds no tensors");
     if (!budget) plan.gptq = plan.hessian_of;
   }
-  if (!budget) check_formats(plan, in, opt);
+  if (!budget) check_formats(plan, opt);
   return plan;
 }
 
@@ -548,8 +547,7 @@ std::vector<LayerSpec> budget_candidates(const QuantizeOptions& opt, const Layou
   return out;
 }
 
-void apply_choice(QuantizePlan& plan, const Input& in, const QuantizeOptions& opt,
-                  const std::vector<const LayerSpec*>& chosen) {
+void apply_choice(QuantizePlan& plan, const QuantizeOptions& opt, const std::vector<const LayerSpec*>& chosen) {
   std::vector<PlannedLayer> layers;
   for (std::size_t i = 0; i < plan.layers.size(); ++i) {
     PlannedLayer& l = plan.layers[i];
@@ -575,7 +573,7 @@ void apply_choice(QuantizePlan& plan, const Input& in, const QuantizeOptions& op
   if (plan.layers.empty())
     throw Error("--budget " + fmt_float(*opt.budget_bits) +
                 " lets every layer stay in high precision, so there is nothing to quantize; give a lower budget");
-  check_formats(plan, in, opt);
+  check_formats(plan, opt);
 }
 
 }  // namespace microscale::io::ck

@@ -78,7 +78,6 @@ QuantizePlan plan_quantize(const fs::path& in_path, const Input& in, const Detec
 std::vector<LayerSpec> budget_candidates(const QuantizeOptions& opt, const LayoutOps& lay);
 // After --budget chose: sets the free layers' formats (`chosen[i]` for plan.layers[i], null: kept
 // in high precision), then runs the checks plan_quantize runs on a plan without a budget.
-void apply_choice(QuantizePlan& plan, const Input& in, const QuantizeOptions& opt,
-                  const std::vector<const LayerSpec*>& chosen);
+void apply_choice(QuantizePlan& plan, const QuantizeOptions& opt, const std::vector<const LayerSpec*>& chosen);
 
 }  // namespace microscale::io::ck

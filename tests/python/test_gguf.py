@@ -312,6 +312,25 @@ def test_budget_into_gguf_chooses_among_the_types_it_has(tmp_path):
     assert r.returncode != 0 and "mxfp8" in r.stderr and "GGUF" in r.stderr, r.stderr
 
 
+def test_budget_writes_what_the_same_recipe_writes(tmp_path):
+    """Stacked experts take a global scale per expert, shared across gate/up: --budget measures
+    and writes them exactly as a recipe giving its choices writes them."""
+    fixture = os.path.join(FIXTURES, "qwen3_moe")
+    table = tmp_path / "t.csv"
+    ok("quantize", fixture, "-o", tmp_path / "b.gguf", "--export", "gguf", "--budget", "5.5", "--candidate",
+       "nvfp4", "--candidate", "mxfp4,scale_rule=even", "--candidate", "keep", "--budget-csv", table)
+    import csv
+    rules = []
+    for x in csv.DictReader(open(table)):
+        if x["chosen"] == "1":
+            # A stacked layer is named as written (switch_mlp); recipes match the source's experts.
+            rules += [a for m in x["tensor"].split("+")
+                      for a in ("--layer", f"{m.replace('.switch_mlp.', '.experts.*.')}={x['format']}")]
+    assert len({r.split("=", 1)[1] for r in rules[1::2]}) > 1, rules
+    ok("quantize", fixture, "-o", tmp_path / "r.gguf", "--export", "gguf", *rules)
+    assert (tmp_path / "b.gguf").read_bytes() == (tmp_path / "r.gguf").read_bytes()
+
+
 def test_split_files_are_llamas(tmp_path):
     out = tmp_path / "m.gguf"
     ok("quantize", os.path.join(FIXTURES, "llama"), "-o", out, "--export", "gguf", "--split-max-size", "20K")

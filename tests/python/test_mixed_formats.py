@@ -376,3 +376,39 @@ def test_recipe_exports_mixed_configs_that_convert_keeping_every_byte(model, tmp
     assert all(a[n].tobytes() == b[n].tobytes() for n in a)
     r = ok("inspect", out)
     assert "mxfp8" in r.stdout and "nvfp4" in r.stdout
+
+
+def same_choice_by_recipe(src, out, table, export, *extra):
+    """The recipe that gives each layer --budget's choice from its table, exported alongside."""
+    rules = []
+    for x in read_table(table):
+        if x["chosen"] == "1":
+            for m in x["tensor"].split("+"):
+                rules += ["--layer", f"{m}={x['format']}"]
+    ok("quantize", src, "-o", out, "--export", export, *rules, *extra)
+
+
+@pytest.mark.parametrize("export", ["mlx", "compressed-tensors", "modelopt"])
+def test_budget_writes_the_bytes_of_the_same_choice_by_recipe(model, tmp_path, export):
+    """Each chosen layer is written with the quantization the table measured (spilled, not redone),
+    which is the quantization a recipe giving the same formats writes: global scales shared in
+    fused groups and mse searches included."""
+    src, _ = model
+    table = tmp_path / "t.csv"
+    r = ok("quantize", src, "-o", tmp_path / "b", "--export", export, "--budget", "6", "--budget-csv", table)
+    rows = read_table(table)
+    chosen = {x["format"] for x in rows if x["chosen"] == "1"}
+    assert len(chosen) > 1, chosen  # a mix, or the comparison below proves little
+    quantized = sum(len(x["tensor"].split("+")) for x in rows if x["chosen"] == "1" and x["format"] != "keep")
+    assert f"--budget: {quantized} layers written from the error table's quantizations" in r.stdout, r.stdout
+    same_choice_by_recipe(src, tmp_path / "r", table, export)
+    a, b = load_all(str(tmp_path / "b")), load_all(str(tmp_path / "r"))
+    assert sorted(a) == sorted(b)
+    for n in a:
+        assert a[n].tobytes() == b[n].tobytes(), n
+    for f in ("config.json", "hf_quant_config.json"):
+        if (tmp_path / "r" / f).exists():
+            qa = json.load(open(tmp_path / "b" / f))
+            qb = json.load(open(tmp_path / "r" / f))
+            assert qa == qb, f
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".microscale-budget")]
