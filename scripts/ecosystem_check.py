@@ -209,8 +209,7 @@ def check_modelopt_config(q):
 def check_ct_mixed(q, d):
     """compressed-tensors' own module matching (apply_quantization_config) and each group's
     compressor give every quantized weight of the mixed export equal, bit for bit, to microscale's
-    dequantized one. (transformers' from_pretrained decompresses every dense layer with one group's
-    compressor, so it cannot load dense models of several formats.)"""
+    dequantized one, and transformers' from_pretrained gives the dequantized model's logits."""
     import torch
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
@@ -248,8 +247,14 @@ def check_ct_mixed(q, d):
             formats[name] = scheme.format
     want = {m: g["format"] for g in qc["config_groups"].values() for m in g["targets"]}
     assert formats == want, "compressed-tensors matched other modules than the groups' targets name"
+    # transformers' own load (compressed-tensors decompressing each group's layers) runs the same
+    # forward pass as the dequantized model.
+    ids = torch.tensor([[(7 * i + 3) % 100 for i in range(16)]])
+    with torch.no_grad():
+        loaded = AutoModelForCausalLM.from_pretrained(q, dtype=torch.bfloat16)
+        assert torch.equal(loaded(ids).logits, ref(ids).logits), "from_pretrained's logits differ"
     counts = {f: sum(v == f for v in formats.values()) for f in sorted(set(formats.values()))}
-    return f"{len(formats)} layers decompressed equal to microscale's ({counts})"
+    return f"{len(formats)} layers decompressed equal to microscale's ({counts}); from_pretrained's logits equal"
 
 
 # mlx-lm's switch_mlp projection names for the per-expert names of the checkpoints (Mixtral's w1/w2/w3).

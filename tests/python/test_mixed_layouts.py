@@ -210,8 +210,7 @@ def test_compressed_tensors_decompresses_mixed_exports_as_microscale_dequantizes
     """compressed-tensors matches each module to its config group (apply_quantization_config) and
     decompresses its tensors with that group's compressor: every weight equals microscale's
     dequantized one bit for bit, so the model holding them gives the same logits.
-    (transformers 5.24's from_pretrained cannot load these: it decompresses every dense layer with
-    one group's compressor, get_dense_scheme, whatever the layer's own group.)"""
+    transformers' from_pretrained of such an export is checked by scripts/ecosystem_check.py."""
     pytest.importorskip("compressed_tensors", reason="compressed-tensors is not installed "
                         "(scripts/test-ecosystem.sh's venv has it)")
     torch = pytest.importorskip("torch")
