@@ -12,17 +12,20 @@ ml_dtypes is the oracle for every decoded value."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
-from ckpt_support import load_all, run, skip_without_cli
+from ckpt_support import ROOT, load_all, run, skip_without_cli
 from test_mixed_layouts import raw, write_st
 from test_quantized_sources import BF16, E4M3, FP4_VALUES, ST_NAME
 
 skip_without_cli()
 
-H, KV, INTER, VOCAB = 64, 32, 96, 40
+# The llama fixture's shapes, config and tokenizer, so that GGUF (which needs a whole model) takes it.
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llama")
+H, KV, INTER, VOCAB = 64, 32, 128, 128
 SHAPES = {"self_attn.q_proj": (H, H), "self_attn.k_proj": (KV, H), "self_attn.v_proj": (KV, H),
           "self_attn.o_proj": (H, H), "mlp.gate_proj": (INTER, H), "mlp.up_proj": (INTER, H),
           "mlp.down_proj": (H, INTER)}
@@ -30,7 +33,8 @@ SHAPES = {"self_attn.q_proj": (H, H), "self_attn.k_proj": (KV, H), "self_attn.v_
 FP8 = {f"model.layers.0.{p}" for p in SHAPES if p.startswith("self_attn")} | {"model.layers.1.mlp.down_proj"}
 MODULES = sorted(f"model.layers.{i}.{p}" for i in range(2) for p in SHAPES)
 NVFP4 = [m for m in MODULES if m not in FP8]
-PLAIN = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+NORMS = tuple(f"model.layers.{i}.{n}.weight" for i in range(2) for n in ("input_layernorm", "post_attention_layernorm"))
+PLAIN = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight") + NORMS
 F8 = {"dynamic": False, "num_bits": 8, "type": "float"}
 
 
@@ -92,8 +96,8 @@ def make_mixed(d, nvfp4_algo="NVFP4", ws2=2.0 ** -9, edit=None, per_channel=()):
     `per_channel` have one scale per output channel."""
     rng = np.random.default_rng(0)
     tensors = {"model.embed_tokens.weight": (rng.standard_normal((VOCAB, H)) * 0.02).astype(BF16),
-               "model.norm.weight": np.ones(H, BF16),
-               "lm_head.weight": (rng.standard_normal((VOCAB, H)) * 0.02).astype(BF16)}
+               "lm_head.weight": (rng.standard_normal((VOCAB, H)) * 0.02).astype(BF16),
+               **{n: np.ones(H, BF16) for n in NORMS + ("model.norm.weight",)}}
     oracle, layers = {}, {}
     for m in MODULES:
         shape = SHAPES[m.split(".", 3)[3]]
@@ -107,10 +111,10 @@ def make_mixed(d, nvfp4_algo="NVFP4", ws2=2.0 ** -9, edit=None, per_channel=()):
     if edit:
         edit(qc["quantized_layers"])
         hf["quantization"]["quantized_layers"] = qc["quantized_layers"]
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
-              "hidden_size": H, "intermediate_size": INTER, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab_size": VOCAB, "quantization_config": qc}
+    config = {**cfg(FIXTURE), "torch_dtype": "bfloat16", "quantization_config": qc}
     write_dir(d, tensors, config, hf)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(FIXTURE, f), os.path.join(d, f))
     return tensors, oracle, layers
 
 
@@ -242,6 +246,31 @@ def test_convert_to_other_layouts_writes_fp8_as_floats(tmp_path, to, ws2):
     assert set(again) == set(floats)
     for name, a in floats.items():
         assert again[name].tobytes() == a.tobytes(), name
+
+
+def test_convert_to_gguf_writes_fp8_as_floats(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    src, out = tmp_path / "src", tmp_path / "model.gguf"
+    make_mixed(src)
+    assert run("dequantize", src, "-o", tmp_path / "dq").returncode == 0
+    floats = load_all(str(tmp_path / "dq"))
+    r = run("convert", src, "-o", out, "--to", "gguf")
+    assert r.returncode == 0, r.stderr
+    kept = kept_reasons(r.stdout)
+    assert kept == {m + ".weight": "ModelOpt FP8 layer: gguf has no FP8 form here" for m in FP8}, r.stdout
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(out).tensors}
+    gguf_name = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+    for m in MODULES:
+        _, _, layer, proj = m.split(".", 3)
+        want = gguf.GGMLQuantizationType.BF16 if m in FP8 else gguf.GGMLQuantizationType.NVFP4
+        assert types[f"blk.{layer}.{gguf_name[proj]}.weight"] == want, m
+    # Its values are the source's: dequantizing the GGUF gives the same floats.
+    assert run("dequantize", out, "-o", tmp_path / "dq2").returncode == 0
+    again = load_all(str(tmp_path / "dq2"))
+    for m in MODULES:
+        assert again[m + ".weight"].tobytes() == floats[m + ".weight"].tobytes(), m
 
 
 def refused(tmp_path, edit, module, message):
