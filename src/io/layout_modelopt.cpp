@@ -135,7 +135,7 @@ const char* quant_algo(Mode mode, bool w4a4) { return mode == Mode::mxfp8 ? "MXF
 // The config group convert_hf_quant_config_format makes of a quantized_layers entry (without
 // targets): FP8's carry no group size.
 Json algo_group(const Json& entry) {
-  const std::string algo = entry["quant_algo"];
+  const std::string algo = entry.at("quant_algo");
   if (algo == "FP8" || algo == "FP8_PER_CHANNEL_PER_TOKEN") {
     const Json args = {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}};
     Json weights = args;
@@ -143,7 +143,7 @@ Json algo_group(const Json& entry) {
     return {{"input_activations", args}, {"weights", weights}};
   }
   const int bits = algo == "MXFP8" ? 8 : 4;
-  const Json args = {{"dynamic", false}, {"num_bits", bits}, {"type", "float"}, {"group_size", entry["group_size"]}};
+  const Json args = {{"dynamic", false}, {"num_bits", bits}, {"type", "float"}, {"group_size", entry.at("group_size")}};
   Json g = Json::object();
   if (algo != "W4A16_NVFP4") g["input_activations"] = args;
   g["weights"] = args;
