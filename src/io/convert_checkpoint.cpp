@@ -243,10 +243,11 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   if (det.layers.empty()) throw Error(in_path.string() + " holds no quantized layers to convert");
   const LayoutOps& lay = layout(opt.to);
   Report report;
-  // FP8 weights of a mixed compressed-tensors checkpoint: kept with their scales and config group
-  // where the target holds them, else written as floats (docs/checkpoints.md, "Mixed config groups").
-  const bool fp8_as_is = det.mixed() && lay.keeps_fp8_groups;
-  const bool fp8_decoded = det.mixed() && !lay.keeps_fp8_groups;
+  // FP8 weights of a mixed checkpoint (compressed-tensors' FP8 groups, ModelOpt's FP8 layers): kept
+  // with their scales and their config group or quantized_layers entry in the layout they came
+  // from, else written as floats (docs/checkpoints.md, "Mixed config groups", "MIXED_PRECISION").
+  const bool fp8_as_is = det.mixed() && lay.fp8_source == det.sources.kind;
+  const bool fp8_decoded = det.mixed() && !fp8_as_is;
   const DType fp8_dtype = fp8_decoded ? source_dtype(in, det, report) : DType::bfloat16;
 
   // Activation scales survive only when every nvfp4 layer has one (the other formats store
@@ -327,7 +328,9 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   if (fp8_decoded)
     for (const SourceWeight& w : det.sources.weights)
       add_ignored_tensor(meta.ignore, w.output, w.shape, to_st_dtype(fp8_dtype));
-  if (fp8_as_is) keep_fp8_groups(det, meta);
+  if (fp8_as_is && lay.keeps_fp8_groups) keep_fp8_groups(det, meta);
+  if (fp8_as_is)
+    for (const SourceWeight& w : det.sources.weights) meta.kept_fp8.push_back(&w);
 
   std::vector<Item> items;
   for (std::size_t i = 0; i < stacks.size(); ++i) {
@@ -390,10 +393,15 @@ Report convert_checkpoint(const fs::path& in_path, const fs::path& out, const Co
   if (fp8_decoded) {
     for (const SourceWeight& w : det.sources.weights) {
       const auto g = det.group_of.find(w.module);
-      const std::string group = g == det.group_of.end() ? "" : " " + det.groups.groups[g->second].name;
-      items.push_back(source_item(in, w, fp8_dtype, report, TensorAction::kept,
-                                  "FP8 group" + group + ": " + lay.name + " has no FP8 form here"));
+      const std::string from = det.sources.kind == SourceKind::modelopt_fp8 ? "ModelOpt FP8 layer"
+                               : g == det.group_of.end()                    ? "FP8 group"
+                                                         : "FP8 group " + det.groups.groups[g->second].name;
+      items.push_back(
+          source_item(in, w, fp8_dtype, report, TensorAction::kept, from + ": " + lay.name + " has no FP8 form here"));
     }
+    report.notes.push_back(std::to_string(det.sources.weights.size()) + " FP8 weights (" + name(*det.sources.kind) +
+                           ") written as " + dtype_name(fp8_dtype) + " floats: only a " + layout(*det.convention).name +
+                           " export keeps them as FP8");
     note_dropped(det.sources, report);
   }
   for (const std::string& n : in.ck.names())

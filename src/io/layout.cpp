@@ -169,13 +169,16 @@ Detected detect(const Checkpoint& ck, const Json& config) {
     }
   }
   d.sources = scan_sources(ck, config, d.consumed);
-  // compressed-tensors holds FP8 and packed FP4 groups side by side (Detected::mixed); other
-  // layouts and source formats do not mix.
-  const bool config_groups = d.convention && layout(*d.convention).keeps_fp8_groups;
-  const bool ct_mixed = d.sources.kind == SourceKind::ct_fp8 && kinds.size() == 1 && config_groups;
-  if (d.sources.kind && !kinds.empty() && !ct_mixed)
+  // A layout holds the FP8 weights of its own FP8 form beside its layers (Detected::mixed:
+  // compressed-tensors' FP8 groups, ModelOpt's FP8 layers); other layouts and source formats do not mix.
+  const LayoutOps* own = d.convention ? &layout(*d.convention) : nullptr;
+  const bool mixed = d.sources.kind && kinds.size() == 1 && own->fp8_source == d.sources.kind;
+  if (d.sources.kind && !kinds.empty() && !mixed)
     throw Error("checkpoint mixes quantized layouts (" + *kinds.begin() + ", " + name(*d.sources.kind) + ")");
-  if (config_groups || d.sources.kind == SourceKind::ct_fp8) match_groups(d, config);
+  if ((own && own->keeps_fp8_groups) || d.sources.kind == SourceKind::ct_fp8) match_groups(d, config);
+  for (const LayoutOps* lay : layouts())
+    if (lay->check_fp8_source && d.sources.kind && lay->fp8_source == d.sources.kind)
+      for (const SourceWeight& w : d.sources.weights) lay->check_fp8_source(config, w);
   // A tensor named like a part of a quantized layer that the layer's layout does not read (a
   // ModelOpt layer beside "m.input_global_scale", say) is a mix of layouts: another layout would
   // read it as part of the layer, so it can neither be dropped nor copied through.

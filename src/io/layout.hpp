@@ -34,6 +34,9 @@ struct QuantMeta {
   std::vector<const CtGroup*> kept_groups;
   std::string group_name = "group_0";
   Json targets;
+  // FP8 source weights of a mixed checkpoint kept as they are beside the layers, in a layout whose
+  // config lists them per module (LayoutOps::fp8_source; ModelOpt's quantized_layers).
+  std::vector<const SourceWeight*> kept_fp8;
 };
 
 // The (mode, group, bits) most layers use.
@@ -86,6 +89,11 @@ struct LayoutOps {
   // its own layers (convert of a mixed checkpoint); else they are written dequantized. Its
   // config describes config groups (compressed-tensors'), which detection matches to the layers.
   bool keeps_fp8_groups = false;
+  // The FP8 source form whose weights a checkpoint of this layout holds beside its layers (a mixed
+  // checkpoint, Detected::mixed): convert into this layout keeps them as they are.
+  std::optional<SourceKind> fp8_source = std::nullopt;
+  // Refuses such an FP8 weight that the layout's config describes as another format (may be null).
+  void (*check_fp8_source)(const Json& config, const SourceWeight& w) = nullptr;
   // The modes its layers can be stored in, and those quantize writes to it when no export is
   // named (default_layout): a mode another layout stores more customarily is left out.
   std::span<const Mode> modes = kFp4Modes;
@@ -140,8 +148,11 @@ struct Detected {
   CtGroups groups;
   std::map<std::string, std::size_t> group_of;
 
-  // compressed-tensors layers beside FP8 weights of a float-quantized group.
-  bool mixed() const { return convention && !layers.empty() && sources.kind == SourceKind::ct_fp8; }
+  // A layout's layers beside FP8 weights of its own FP8 form (LayoutOps::fp8_source): compressed-tensors
+  // float-quantized groups, ModelOpt FP8 layers of a MIXED_PRECISION checkpoint.
+  bool mixed() const {
+    return convention && !layers.empty() && sources.kind && layout(*convention).fp8_source == sources.kind;
+  }
 
   std::string convention_name() const {
     return convention ? name(*convention) : sources.kind ? name(*sources.kind) : "none";

@@ -215,6 +215,8 @@ constinit const LayoutOps kCompressedTensorsLayout{
     .row_block = nullptr,
     .write_file = nullptr,
     .keeps_fp8_groups = true,
+    .fp8_source = SourceKind::ct_fp8,
+    .check_fp8_source = nullptr,  // match_groups checks each FP8 weight against its config group
     .modes = kModes,
     .default_modes = kFp4Modes,
     .fused_loading = true,

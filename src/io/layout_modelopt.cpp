@@ -1,12 +1,16 @@
 // NVIDIA ModelOpt (TensorRT-LLM, vLLM): NVFP4 and MXFP8, quant_algo MIXED_PRECISION with a
-// quant_algo per layer when a checkpoint holds both.
+// quant_algo per layer when a checkpoint holds several formats, FP8 layers (read as FP8 sources,
+// source_fp8.cpp) among them.
 //   nvfp4: <m>.weight U8 [N, K/2], <m>.weight_scale F8_E4M3 [N, K/16], <m>.weight_scale_2 F32 [] =
 //   amax/2688 (the decode factor), <m>.input_scale F32 [] (W4A4 only); mxfp8: <m>.weight F8_E4M3
 //   [N, K], <m>.weight_scale U8 E8M0 [N, K/32]; hf_quant_config.json and config.json
 //   quantization_config.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <map>
 #include <set>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -35,25 +39,40 @@ bool is_primary(const Checkpoint& ck, const Json& config, std::string_view tenso
   return (method == "modelopt" || method.empty()) && is_mxfp8_weight(ck, tensor);
 }
 
-// A MIXED_PRECISION config gives each quantized module its quant_algo: it must name the format
-// the tensors hold, and a module it leaves out is not quantized.
-Layer check_listed(const Json& config, Layer l) {
+// A MIXED_PRECISION config gives each quantized module its quant_algo: it must be one of `algos`
+// (the format the tensors hold), and a module it leaves out is not quantized.
+void check_listed(const Json& config, const std::string& module, std::initializer_list<std::string_view> algos) {
   const Json* qc = config.is_object() ? quantization_config(config) : nullptr;
   const auto listed = qc ? qc->find("quantized_layers") : Json::const_iterator{};
-  if (!qc || listed == qc->end() || !listed->is_object()) return l;
-  const char* stored = l.format.mode == Mode::mxfp8 ? "MXFP8" : "NVFP4 or W4A16_NVFP4";
-  const auto entry = listed->find(l.module);
+  if (!qc || listed == qc->end() || !listed->is_object()) return;
+  std::string stored;
+  for (std::string_view a : algos) stored += (stored.empty() ? "" : " or ") + std::string(a);
+  const auto entry = listed->find(module);
   if (entry == listed->end())
-    layer_error(l.module, std::string("stored quantized (") + stored +
-                              "), but config.json's quantization_config.quantized_layers does not list it");
+    layer_error(module, "stored quantized (" + stored +
+                            "), but config.json's quantization_config.quantized_layers does not list it");
   const auto algo = entry->is_object() ? entry->find("quant_algo") : entry->end();
   const std::string a = algo != entry->end() && algo->is_string() ? algo->get<std::string>() : "";
-  const bool match = l.format.mode == Mode::mxfp8 ? a == "MXFP8" : a == "NVFP4" || a == "W4A16_NVFP4";
-  if (!match)
-    layer_error(l.module, std::string("stored as ") + stored +
-                              ", but config.json's quantization_config.quantized_layers gives it " + entry->dump());
+  if (std::find(algos.begin(), algos.end(), a) == algos.end())
+    layer_error(module, "stored as " + stored + ", but config.json's quantization_config.quantized_layers gives it " +
+                            entry->dump());
+}
+
+Layer check_listed(const Json& config, Layer l) {
+  if (l.format.mode == Mode::mxfp8)
+    check_listed(config, l.module, {"MXFP8"});
+  else
+    check_listed(config, l.module, {"NVFP4", "W4A16_NVFP4"});
   return l;
 }
+
+// The quant_algo of a ModelOpt FP8 weight, from the form of its scale (source_fp8.cpp reads one
+// per tensor or one per output channel).
+const char* fp8_algo(const SourceWeight& w) {
+  return w.block_rows == 1 && w.shape[0] > 1 ? "FP8_PER_CHANNEL_PER_TOKEN" : "FP8";
+}
+
+void check_fp8_source(const Json& config, const SourceWeight& w) { check_listed(config, w.module, {fp8_algo(w)}); }
 
 Layer read_nvfp4(const Checkpoint& ck, const std::string& m) {
   Layer l;
@@ -113,10 +132,18 @@ void check_spec(const QuantSpec& spec) {
 // A layer's quant_algo: NVFP4 is W4A4 and needs input_scale; W4A16_NVFP4 is weight-only.
 const char* quant_algo(Mode mode, bool w4a4) { return mode == Mode::mxfp8 ? "MXFP8" : w4a4 ? "NVFP4" : "W4A16_NVFP4"; }
 
-// The config group convert_hf_quant_config_format makes of a quant_algo (without targets).
-Json algo_group(const std::string& algo, int group) {
+// The config group convert_hf_quant_config_format makes of a quantized_layers entry (without
+// targets): FP8's carry no group size.
+Json algo_group(const Json& entry) {
+  const std::string algo = entry.at("quant_algo");
+  if (algo == "FP8" || algo == "FP8_PER_CHANNEL_PER_TOKEN") {
+    const Json args = {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}};
+    Json weights = args;
+    if (algo != "FP8") weights["strategy"] = "channel";
+    return {{"input_activations", args}, {"weights", weights}};
+  }
   const int bits = algo == "MXFP8" ? 8 : 4;
-  const Json args = {{"dynamic", false}, {"num_bits", bits}, {"type", "float"}, {"group_size", group}};
+  const Json args = {{"dynamic", false}, {"num_bits", bits}, {"type", "float"}, {"group_size", entry.at("group_size")}};
   Json g = Json::object();
   if (algo != "W4A16_NVFP4") g["input_activations"] = args;
   g["weights"] = args;
@@ -132,15 +159,18 @@ Json write_config(Json& config, const Scheme&, const Json& unsorted_ignore, cons
   Json ignore = unsorted_ignore;  // ModelOpt lists exclude_modules sorted, embeddings included
   std::sort(ignore.begin(), ignore.end());
   Json producer = {{"name", "modelopt"}, {"version", "microscale-" MICROSCALE_CKPT_VERSION}};
-  Json layers = Json::object();  // sorted by module, as json.load then reads it back
+  std::map<std::string, Json> sorted;  // by module, as json.load then reads it back
   for (const Layer* l : meta.layers)
-    layers[l->module] = {{"quant_algo", quant_algo(l->format.mode, meta.w4a4)}, {"group_size", l->format.group_size}};
+    sorted[l->module] = {{"quant_algo", quant_algo(l->format.mode, meta.w4a4)}, {"group_size", l->format.group_size}};
+  for (const SourceWeight* w : meta.kept_fp8) sorted[w->module] = {{"quant_algo", fp8_algo(*w)}};
+  Json layers = Json::object();
+  for (auto& [m, entry] : sorted) layers[m] = std::move(entry);
   std::set<Json> distinct;
   for (const auto& [m, entry] : layers.items()) distinct.insert(entry);
   if (distinct.size() == 1) {
     const std::string algo = (*distinct.begin())["quant_algo"];
     const int group = (*distinct.begin())["group_size"];
-    Json g = algo_group(algo, group);
+    Json g = algo_group(*distinct.begin());
     g["targets"] = Json::array({"Linear"});
     config["quantization_config"] = {{"config_groups", {{"group_0", g}}},
                                      {"ignore", ignore},
@@ -160,7 +190,7 @@ Json write_config(Json& config, const Scheme&, const Json& unsorted_ignore, cons
   }
   Json config_groups = Json::object();
   for (std::size_t i = 0; i < groups.size(); ++i) {
-    Json g = algo_group(groups[i].first["quant_algo"], groups[i].first["group_size"]);
+    Json g = algo_group(groups[i].first);
     g["targets"] = std::move(groups[i].second);
     config_groups["group_" + std::to_string(i)] = std::move(g);
   }
@@ -200,6 +230,8 @@ constinit const LayoutOps kModelOptLayout{
     .row_block = nullptr,
     .write_file = nullptr,
     .keeps_fp8_groups = false,
+    .fp8_source = SourceKind::modelopt_fp8,
+    .check_fp8_source = check_fp8_source,
     .modes = kModes,
     .default_modes = {},
     .fused_loading = true,
