@@ -183,10 +183,11 @@ Json write_config(Json& config, const Scheme&, const Json& unsorted_ignore, cons
          {{"quant_algo", algo}, {"kv_cache_quant_algo", nullptr}, {"group_size", group}, {"exclude_modules", ignore}}}};
   }
   std::vector<std::pair<Json, Json>> groups;  // entry, its modules
-  for (const auto& [m, entry] : layers.items()) {
+  for (auto layer = layers.begin(); layer != layers.end(); ++layer) {
+    const Json& entry = layer.value();  // not a structured binding: clang before 16 cannot capture one
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == entry; });
     if (it == groups.end()) it = groups.insert(groups.end(), std::make_pair(entry, Json::array()));
-    it->second.push_back(m);
+    it->second.push_back(layer.key());
   }
   Json config_groups = Json::object();
   for (std::size_t i = 0; i < groups.size(); ++i) {
