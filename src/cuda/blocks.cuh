@@ -225,7 +225,8 @@ MS_HD void decode8(const QuantizedArgs& q, std::int64_t batch, std::int64_t r, s
   for (int i = 0; i < 8; ++i) v[i] = decode_e2m1((w >> (4 * i)) & 0xFu) * factor;
 }
 
-// Dequantizes chunk `id` (8 consecutive values of a row) of a 2-D view [rows, cols] into y.
+// Dequantizes chunk `id` (8 consecutive values of a row) of a 2-D view [rows, cols] into y: the
+// host model of dequantize_kernel, which stores the same decode8 values as 16-byte vectors.
 MS_HD void dequantize_chunk(const QuantizedArgs& q, void* y, DType out, std::int64_t id) {
   const std::int64_t per_row = q.cols / 8, r = id / per_row, c = (id % per_row) * 8;
   float v[8];

@@ -11,6 +11,8 @@
 // precision (index sum > 2) are skipped. Products are exact and sums are f32, so results meet the
 // contract of FORMATS.md 6 up to summation order. Three-level nvfp4 and qqmm multiply the f32 sum
 // by their tensor factor (alpha) once, before the bias and the single rounding to y's dtype.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -156,6 +158,17 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(MatmulArgs a) {
 
 // ---- gemv ------------------------------------------------------------------------------------
 
+unsigned grid_limit(std::int64_t n) { return static_cast<unsigned>(std::clamp<std::int64_t>(n, 1, 65535)); }
+
+// gridDim.x of a kernel that covers N output columns in `blocks` blocks: these kernels have no
+// grid-stride loop over columns, so a grid that cannot hold them all is an error, not a silent
+// truncation of the unsigned launch argument.
+unsigned grid_x(std::int64_t blocks, std::int64_t N) {
+  constexpr std::int64_t kMaxGridX = 2147483647;  // 2^31 - 1, CUDA's limit on gridDim.x
+  require(blocks <= kMaxGridX, "matmul: N = " + std::to_string(N) + " output columns exceed the kernel's grid");
+  return static_cast<unsigned>(blocks);
+}
+
 constexpr int kMaxGemvRows = 8;
 constexpr int kGemvWarps = 4;
 
@@ -183,6 +196,159 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_t_kernel(MatmulArgs a) {
       if (m < a.M && lane == m) store_output(a, z, m, n, acc[m]);
     }
   }
+}
+
+// The common case of gemv_t (fp modes, compact scales, 16-byte aligned rows of W and x): a warp per
+// column n, each lane reading 16 bytes of W per step (32 fp4 or 16 fp8 values) and the matching x
+// as 16-byte vectors, with the mode, x's dtype and a bound MT >= M fixed at compile time. The
+// elements are decoded without their block factor (fp4 through a 16-entry table in shared memory,
+// which no two lanes can hit in conflicting banks), each 16 products are summed, and the sum is
+// multiplied by the factor once. x * e is exact for bf16 and f16 x (and rounds once for f32 x, as
+// x * (e * factor) does), so within f32's range this is gemv_t's result up to the summation
+// order, which the matmul contract leaves open; docs/cuda.md gives the range.
+constexpr int kGemvVecWarps = 8;
+
+template <DType XT>
+__device__ void load_x8(const void* x, std::int64_t i, float out[8]) {
+  if constexpr (XT == DType::float32) {
+    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + i);
+    const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + i + 4);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(x) + i);
+    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const auto lo = static_cast<std::uint16_t>(w[j] & 0xFFFFu), hi = static_cast<std::uint16_t>(w[j] >> 16);
+      out[2 * j] = XT == DType::float16 ? decode_f16(lo) : decode_bf16(lo);
+      out[2 * j + 1] = XT == DType::float16 ? decode_f16(hi) : decode_bf16(hi);
+    }
+  }
+}
+
+// 16 fp8 codes to floats, two at a time through the hardware's fp8x2 -> f16x2 conversion (sm_89+),
+// which is exact: f16 holds every E4M3 and E5M2 value, and NaN stays NaN.
+template <__nv_fp8_interpretation_t KIND>
+__device__ void decode_fp8_pairs(const std::uint32_t words[4], float w[16]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2)));
+    const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, KIND)));
+    w[2 * i] = v.x;
+    w[2 * i + 1] = v.y;
+  }
+}
+
+template <Mode MODE, DType XT, int MT>
+__global__ void __launch_bounds__(kGemvVecWarps * 32) gemv_t_vec_kernel(MatmulArgs a) {
+  constexpr int V = MODE == Mode::mxfp8 ? 16 : 32;  // values per 16 bytes of W
+  __shared__ float e2m1[16];
+  if (threadIdx.x < 16) e2m1[threadIdx.x] = decode_e2m1(threadIdx.x);
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kGemvVecWarps + (threadIdx.x >> 5);
+  if (n >= a.N) return;
+  const QuantizedArgs& q = a.w;
+  const std::int64_t chunks = a.K / V;
+  for (std::int64_t z = blockIdx.y; z < a.batches; z += gridDim.y) {
+    const BatchPair pr = a.pairs ? a.pairs[z] : a.first;
+    const std::int64_t row = pr.w * q.rows + n;
+    const std::uint8_t* wrow = q.packed + row * q.row_bytes;
+    const std::uint8_t* srow = static_cast<const std::uint8_t*>(q.scales) + row * q.groups;
+    const void* x = a.x;
+    const std::int64_t x0 = pr.x * a.M * a.K;
+    float acc[MT] = {};
+#pragma unroll 2
+    for (std::int64_t c = lane; c < chunks; c += 32) {
+      const uint4 packed = *reinterpret_cast<const uint4*>(wrow + c * 16);
+      const std::uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+      float w[V], f[2];  // elements; the factor of each half
+      if constexpr (MODE == Mode::mxfp8) {
+        f[0] = f[1] = decode_e8m0(srow[c / 2]);
+        if (q.elem == Elem::e5m2)
+          decode_fp8_pairs<__NV_E5M2>(words, w);
+        else
+          decode_fp8_pairs<__NV_E4M3>(words, w);
+      } else {
+        if constexpr (MODE == Mode::nvfp4) {
+          f[0] = numerics::nvfp4_decode_factor(srow[2 * c], false, q.amax);
+          f[1] = numerics::nvfp4_decode_factor(srow[2 * c + 1], false, q.amax);
+        } else {
+          f[0] = f[1] = decode_e8m0(srow[c]);
+        }
+        // Nibble i of a word is the table entry at byte offset (word >> (4i - 2)) & 0x3C.
+        const char* table = reinterpret_cast<const char*>(e2m1);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const std::uint32_t word = words[i / 8];
+          const int shift = 4 * (i % 8) - 2;
+          const std::uint32_t offset = (shift < 0 ? word << 2 : word >> shift) & 0x3Cu;
+          w[i] = *reinterpret_cast<const float*>(table + offset);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m >= a.M) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float part = 0.0f;
+#pragma unroll
+          for (int j = 0; j < V / 2; j += 8) {
+            float xv[8];
+            load_x8<XT>(x, x0 + m * a.K + c * V + h * (V / 2) + j, xv);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) part = fmaf(xv[i], w[h * (V / 2) + j + i], part);
+          }
+          acc[m] = fmaf(part, f[h], acc[m]);
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      for (int off = 16; off > 0; off >>= 1) acc[m] += __shfl_xor_sync(0xFFFFFFFFu, acc[m], off);
+      if (m < a.M && lane == m) store_output(a, z, m, n, acc[m]);
+    }
+  }
+}
+
+// Whether gemv_t_vec_kernel takes this product: its 16-byte loads need every row of W and x
+// aligned (check_pointer saw to the first).
+bool gemv_vec_fits(const MatmulArgs& a) {
+  return a.w.mode != Mode::affine && !a.w.swizzled && a.w.row_bytes % 16 == 0 &&
+         (a.K * static_cast<std::int64_t>(dtype_size(a.x_dtype))) % 16 == 0;
+}
+
+template <Mode MODE, DType XT>
+void launch_gemv_vec(const MatmulArgs& a, dim3 grid, Stream stream) {
+  constexpr int threads = kGemvVecWarps * 32;
+  if (a.M <= 1)
+    gemv_t_vec_kernel<MODE, XT, 1><<<grid, threads, 0, stream>>>(a);
+  else if (a.M <= 2)
+    gemv_t_vec_kernel<MODE, XT, 2><<<grid, threads, 0, stream>>>(a);
+  else if (a.M <= 4)
+    gemv_t_vec_kernel<MODE, XT, 4><<<grid, threads, 0, stream>>>(a);
+  else
+    gemv_t_vec_kernel<MODE, XT, kMaxGemvRows><<<grid, threads, 0, stream>>>(a);
+}
+
+template <Mode MODE>
+void launch_gemv_vec_for_x(const MatmulArgs& a, dim3 grid, Stream stream) {
+  if (a.x_dtype == DType::float32)
+    launch_gemv_vec<MODE, DType::float32>(a, grid, stream);
+  else if (a.x_dtype == DType::float16)
+    launch_gemv_vec<MODE, DType::float16>(a, grid, stream);
+  else
+    launch_gemv_vec<MODE, DType::bfloat16>(a, grid, stream);
+}
+
+void launch_gemv_vec(const MatmulArgs& a, Stream stream) {
+  const dim3 grid(grid_x((a.N + kGemvVecWarps - 1) / kGemvVecWarps, a.N), grid_limit(a.batches));
+  if (a.w.mode == Mode::nvfp4)
+    launch_gemv_vec_for_x<Mode::nvfp4>(a, grid, stream);
+  else if (a.w.mode == Mode::mxfp4)
+    launch_gemv_vec_for_x<Mode::mxfp4>(a, grid, stream);
+  else
+    launch_gemv_vec_for_x<Mode::mxfp8>(a, grid, stream);
 }
 
 // W [K, N]: thread per 8 columns and K slice blockIdx.y; writes partial sums for gemv_finish.
@@ -224,17 +390,6 @@ __global__ void gemv_finish_kernel(MatmulArgs a) {
     for (int k = 0; k < a.splits; ++k) s += a.partial[(z * a.splits + k) * a.M * a.N + mn];
     store_output(a, z, mn / a.N, mn % a.N, s);
   }
-}
-
-unsigned grid_limit(std::int64_t n) { return static_cast<unsigned>(std::clamp<std::int64_t>(n, 1, 65535)); }
-
-// gridDim.x of a kernel that covers N output columns in `blocks` blocks: these kernels have no
-// grid-stride loop over columns, so a grid that cannot hold them all is an error, not a silent
-// truncation of the unsigned launch argument.
-unsigned grid_x(std::int64_t blocks, std::int64_t N) {
-  constexpr std::int64_t kMaxGridX = 2147483647;  // 2^31 - 1, CUDA's limit on gridDim.x
-  require(blocks <= kMaxGridX, "matmul: N = " + std::to_string(N) + " output columns exceed the kernel's grid");
-  return static_cast<unsigned>(blocks);
 }
 
 void launched(const char* what) { check(cudaGetLastError(), std::string(what) + " launch"); }
@@ -283,6 +438,9 @@ void run_matmul(MatmulArgs a, const std::vector<BatchPair>& pairs, Stream stream
       launch_gemm_for_x<3>(a, stream);
     else
       launch_gemm_for_x<1>(a, stream);
+  } else if (a.transpose && gemv_vec_fits(a)) {
+    launch_gemv_vec(a, stream);
+    launched("gemv");
   } else if (a.transpose) {
     const dim3 grid(grid_x((a.N + kGemvWarps - 1) / kGemvWarps, a.N), grid_limit(a.batches));
     gemv_t_kernel<<<grid, kGemvWarps * 32, 0, stream>>>(a);

@@ -67,6 +67,19 @@ unsigned blocks_for(std::int64_t n) {
   return static_cast<unsigned>(b < 1 ? 1 : b > 65536 ? 65536 : b);
 }
 
+// i / d and i % d, in 32-bit arithmetic where both fit (a 64-bit division costs several times as
+// many instructions, and these kernels divide once per group or chunk).
+__device__ void divide(std::int64_t i, std::int64_t d, std::int64_t& q, std::int64_t& r) {
+  if (((i | d) >> 32) == 0) {
+    const auto ui = static_cast<std::uint32_t>(i), ud = static_cast<std::uint32_t>(d);
+    q = ui / ud;
+    r = ui - static_cast<std::uint32_t>(q) * ud;
+  } else {
+    q = i / d;
+    r = i - q * d;
+  }
+}
+
 __device__ std::int64_t first_item() { return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ std::int64_t item_stride() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
 
@@ -94,8 +107,112 @@ __global__ void quantize_kernel(QuantizeArgs a) {
   for (std::int64_t g = first_item(); g < a.rows * a.groups; g += item_stride()) quantize_group(a, g);
 }
 
-__global__ void dequantize_kernel(QuantizedArgs q, void* y, DType out) {
-  for (std::int64_t id = first_item(); id < q.rows * q.cols / 8; id += item_stride()) dequantize_chunk(q, y, out, id);
+// The fp modes over 16-byte aligned rows: each thread loads its whole group with 16-byte vector
+// loads and stores its codes as one vector, rather than quantize_group's scalar accesses strided
+// by the group across the warp. The math is quantize_group's, call for call (same bytes).
+template <Mode MODE, DType SRC>
+__global__ void quantize_vec_kernel(QuantizeArgs a) {
+  constexpr int G = MODE == Mode::nvfp4 ? 16 : 32;
+  constexpr int kBytes = MODE == Mode::mxfp8 ? G : G / 2;
+  for (std::int64_t g = first_item(); g < a.rows * a.groups; g += item_stride()) {
+    std::int64_t row, j;
+    divide(g, a.groups, row, j);
+    const std::int64_t x0 = row * a.K + j * G;
+    float v[G];
+    if constexpr (SRC == DType::float32) {
+      const auto* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + x0);
+#pragma unroll
+      for (int i = 0; i < G / 4; ++i) {
+        const float4 f = p[i];
+        v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+      }
+    } else {
+      const auto* p = reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(a.x) + x0);
+#pragma unroll
+      for (int i = 0; i < G / 8; ++i) {
+        const uint4 u = p[i];
+        const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const auto h = static_cast<std::uint16_t>(w[k / 2] >> (16 * (k % 2)));
+          v[8 * i + k] = SRC == DType::float16 ? decode_f16(h) : decode_bf16(h);
+        }
+      }
+    }
+    bool finite = true;
+    float bamax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      finite = finite && is_finite(v[i]);
+      bamax = numerics::amax_step(bamax, v[i]);
+    }
+    std::uint8_t* scale =
+        static_cast<std::uint8_t*>(a.scales) + (a.swizzled ? swizzled_offset(row, j, a.scale_cols_padded) : g);
+    std::uint32_t codes[kBytes / 4] = {};
+    if (!finite && a.nonfinite != NonFinite::saturate) {
+      *scale = MODE == Mode::nvfp4 ? numerics::E4M3::NAN_CODE : numerics::kE8M0NaN;
+    } else {
+      const numerics::BlockScale bs =
+          MODE == Mode::nvfp4
+              ? numerics::nvfp4_block_scale(bamax, a.nvfp4)
+              : numerics::mx_block_scale(bamax, numerics::mx_elem(MODE, a.elem), a.rule, a.src, numerics::Log2Double{});
+      *scale = bs.code;
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        if constexpr (MODE == Mode::mxfp8)
+          codes[i / 4] |= static_cast<std::uint32_t>(numerics::encode_fp8(a.elem, v[i] * bs.enc)) << (8 * (i % 4));
+        else
+          codes[i / 8] |= static_cast<std::uint32_t>(encode_e2m1(v[i] * bs.enc)) << (4 * (i % 8));
+      }
+    }
+    std::uint8_t* out = a.packed + row * (a.K * a.bits / 8) + j * kBytes;
+    if constexpr (kBytes == 8) {
+      *reinterpret_cast<uint2*>(out) = make_uint2(codes[0], codes[1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBytes / 16; ++i)
+        reinterpret_cast<uint4*>(out)[i] =
+            make_uint4(codes[4 * i], codes[4 * i + 1], codes[4 * i + 2], codes[4 * i + 3]);
+    }
+  }
+}
+
+// dequantize_chunk's values, stored as one or two 16-byte vectors (y is 16-byte aligned, and a
+// chunk starts at a multiple of 8 elements).
+template <DType OUT>
+__global__ void dequantize_kernel(QuantizedArgs q, void* y) {
+  const std::int64_t per_row = q.cols / 8;
+  for (std::int64_t id = first_item(); id < q.rows * per_row; id += item_stride()) {
+    std::int64_t r, chunk;
+    divide(id, per_row, r, chunk);
+    float v[8];
+    decode8(q, 0, r, chunk * 8, true, v);
+    const std::int64_t i = r * q.cols + chunk * 8;
+    if constexpr (OUT == DType::float32) {
+      auto* p = reinterpret_cast<float4*>(static_cast<float*>(y) + i);
+      p[0] = make_float4(v[0], v[1], v[2], v[3]);
+      p[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const std::uint32_t lo = OUT == DType::float16 ? encode_f16(v[2 * k]) : encode_bf16(v[2 * k]);
+        const std::uint32_t hi = OUT == DType::float16 ? encode_f16(v[2 * k + 1]) : encode_bf16(v[2 * k + 1]);
+        w[k] = lo | (hi << 16);
+      }
+      *reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(y) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+template <DType SRC>
+void launch_quantize_vec(const QuantizeArgs& a, unsigned blocks, Stream stream) {
+  if (a.mode == Mode::nvfp4)
+    quantize_vec_kernel<Mode::nvfp4, SRC><<<blocks, kThreads, 0, stream>>>(a);
+  else if (a.mode == Mode::mxfp4)
+    quantize_vec_kernel<Mode::mxfp4, SRC><<<blocks, kThreads, 0, stream>>>(a);
+  else
+    quantize_vec_kernel<Mode::mxfp8, SRC><<<blocks, kThreads, 0, stream>>>(a);
 }
 
 __global__ void swizzle_kernel(const std::uint8_t* compact, std::int64_t R, std::int64_t C, std::int64_t cp,
@@ -204,7 +321,19 @@ void quantize(const DeviceTensor& x, const QuantSpec& spec, const DeviceQuantize
     check(cudaMemsetAsync(out.scales.data, 0, static_cast<std::size_t>(out.scales.numel()), stream), "quantize");
   const QuantizeArgs a = quantize_args(s, x.dtype, x.data, p.rows, p.K, static_cast<std::uint8_t*>(out.packed.data),
                                        out.scales.data, out.biases.data);
-  quantize_kernel<<<blocks_for(p.rows * a.groups), kThreads, 0, stream>>>(a);
+  const unsigned blocks = blocks_for(p.rows * a.groups);
+  // The vector kernel's rows of x and of the codes must stay 16-byte aligned (8 for nvfp4's codes;
+  // check_pointer saw to the first row).
+  const bool vec = s.mode != Mode::affine && (p.K * static_cast<std::int64_t>(dtype_size(x.dtype))) % 16 == 0 &&
+                   (p.K * s.bits / 8) % (s.mode == Mode::nvfp4 ? 8 : 16) == 0;
+  if (!vec)
+    quantize_kernel<<<blocks, kThreads, 0, stream>>>(a);
+  else if (x.dtype == DType::float32)
+    launch_quantize_vec<DType::float32>(a, blocks, stream);
+  else if (x.dtype == DType::float16)
+    launch_quantize_vec<DType::float16>(a, blocks, stream);
+  else
+    launch_quantize_vec<DType::bfloat16>(a, blocks, stream);
   launched("quantize");
 }
 
@@ -214,7 +343,13 @@ void dequantize(const DeviceQuantized& q, const QuantSpec& spec, const DeviceTen
   const QuantizedArgs a = bind_operand(p, q, p.rows, "dequantize");
   check_tensor(y, y.dtype, p.shape, "dequantize: output");
   if (y.numel() == 0) return;
-  dequantize_kernel<<<blocks_for(y.numel() / 8), kThreads, 0, stream>>>(a, y.data, y.dtype);
+  const unsigned blocks = blocks_for(y.numel() / 8);
+  if (y.dtype == DType::float32)
+    dequantize_kernel<DType::float32><<<blocks, kThreads, 0, stream>>>(a, y.data);
+  else if (y.dtype == DType::float16)
+    dequantize_kernel<DType::float16><<<blocks, kThreads, 0, stream>>>(a, y.data);
+  else
+    dequantize_kernel<DType::bfloat16><<<blocks, kThreads, 0, stream>>>(a, y.data);
   launched("dequantize");
 }
 
