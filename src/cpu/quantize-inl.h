@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "core/convert.hpp"
 #include "cpu/simd-inl.h"
@@ -66,6 +67,21 @@ inline void ReferenceBlocks(const void* x, DType src, const QuantSpec& spec, std
 inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std::int64_t b0, std::int64_t b1,
                            std::uint8_t* packed, std::byte* scales, std::byte* biases) {
   ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
+}
+
+inline bool Nvfp4GlobalErrorBlocks(const void* x, DType src, std::int64_t b0, std::int64_t b1,
+                                   const numerics::Nvfp4Search* searches, int n, double* totals) {
+  constexpr std::int64_t G = numerics::kNvfp4Group;
+  const std::size_t esize = dtype_size(src);
+  std::vector<float> buf(static_cast<std::size_t>((b1 - b0) * G));
+  const auto* in = static_cast<const std::byte*>(x) + static_cast<std::size_t>(b0 * G) * esize;
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = detail::load_f32(in + i * esize, src);
+  std::vector<float> globals;
+  for (int c = 0; c < n; ++c) globals.push_back(searches[c].decode_amax);
+  std::vector<double> sums(static_cast<std::size_t>(n));
+  if (!reference::nvfp4_global_errors(buf.data(), b1 - b0, globals.data(), n, sums.data())) return false;
+  for (int c = 0; c < n; ++c) totals[c] += sums[static_cast<std::size_t>(c)];
+  return true;
 }
 
 #else
@@ -379,25 +395,18 @@ HWY_INLINE VF Fp4SquaredErrors(const float* mags, VF amax, VF enc, VF dec) {
   return err;
 }
 
-// nvfp4 scale search (4over6, mse) on finite tiles, 'propagate'/'error' only: lane b holds block
-// b, and each candidate's error is summed over the block's elements in index order with the
-// scalar spec's float operations (numerics::nvfp4_searched_block_scale), so the choice is the
-// reference's. Tiles holding NaN/Inf take the scalar path.
-template <class T>
-HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, const QuantSpec& spec, DType src,
-                                std::uint8_t* packed, std::uint8_t* scales) {
+// The searched nvfp4 block scales of a finite tile (lane b = block b, from its transposed
+// magnitudes and block maxima): each candidate's error is summed over the block's elements in
+// index order with the scalar spec's float operations (numerics::nvfp4_searched_block_scale), so
+// the choice is the reference's.
+struct Nvfp4Choice {
+  VI code;
+  VF enc, err;
+};
+HWY_INLINE Nvfp4Choice Nvfp4SearchBlocks(const float* mags, VI bm, const numerics::Nvfp4Search& p, ScaleSearch search) {
   constexpr std::size_t G = numerics::kNvfp4Group;
   const DF df;
   const DI di;
-  alignas(64) float mags[G * kN];
-  TransposeMagnitudes<G>(x, mags);
-  const VI bm = TransposedBlockMaxBits<G>(mags);
-  if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) {
-    ReferenceBlocks(x, src, spec, 0, static_cast<std::int64_t>(kN), packed, reinterpret_cast<std::byte*>(scales),
-                    nullptr);
-    return;
-  }
-
   const numerics::Nvfp4Tensor& t = p.t;
   const VF flt_max = hn::Set(df, kFltMax);
   const VF amax = hn::BitCast(df, bm);
@@ -408,10 +417,10 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
     enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), flt_max);
     dec = t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
   };
-  VI best = s0;
-  VF best_enc, dec0;
-  factors_of(s0, best_enc, dec0);
-  VF best_err = Fp4SquaredErrors<G>(mags, amax, best_enc, dec0);
+  Nvfp4Choice best{s0, hn::Zero(df), hn::Zero(df)};
+  VF dec0;
+  factors_of(s0, best.enc, dec0);
+  best.err = Fp4SquaredErrors<G>(mags, amax, best.enc, dec0);
   // A candidate's error is at least its block max's term (a sum of non-negative terms never
   // falls below one of them), so where that term alone reaches the best error in every valid
   // lane, the candidate cannot win. Checked for the scales 2 and 3 steps down, where the max
@@ -419,15 +428,15 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
   auto consider = [&](VI code, auto valid, bool bounded) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
     VF enc, dec;
     factors_of(code, enc, dec);
-    if (bounded && hn::AllTrue(df, hn::Or(hn::Not(valid), hn::Ge(Fp4SquaredError<true>(amax, enc, dec), best_err))))
+    if (bounded && hn::AllTrue(df, hn::Or(hn::Not(valid), hn::Ge(Fp4SquaredError<true>(amax, enc, dec), best.err))))
       return;
     const VF err = Fp4SquaredErrors<G>(mags, amax, enc, dec);
-    const auto better = hn::And(valid, hn::Lt(err, best_err));
-    best = hn::IfThenElse(hn::RebindMask(di, better), code, best);
-    best_enc = hn::IfThenElse(better, enc, best_enc);
-    best_err = hn::IfThenElse(better, err, best_err);
+    const auto better = hn::And(valid, hn::Lt(err, best.err));
+    best.code = hn::IfThenElse(hn::RebindMask(di, better), code, best.code);
+    best.enc = hn::IfThenElse(better, enc, best.enc);
+    best.err = hn::IfThenElse(better, err, best.err);
   };
-  if (spec.scale_search == ScaleSearch::mse) {
+  if (search == ScaleSearch::mse) {
     for (int d = 1; d <= numerics::kNvfp4MseSteps; ++d) {
       const VI step = hn::Set(di, d);
       consider(hn::Sub(s0, step), hn::RebindMask(df, hn::Gt(s0, hn::Sub(step, hn::Set(di, 1)))), d > 1);
@@ -438,8 +447,69 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
   // 4over6's max-to-4 code (mse tries it last).
   consider(RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f)))), hn::RebindMask(df, hn::Eq(s0, s0)),
            false);
-  StoreBytes(best, scales);
-  EncodeTile<E2M1, G, false>(x, best_enc, bm, scales, 0x7F, false, packed);
+  return best;
+}
+
+// nvfp4 scale search (4over6, mse) on finite tiles, 'propagate'/'error' only. Tiles holding
+// NaN/Inf take the scalar path.
+template <class T>
+HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, const QuantSpec& spec, DType src,
+                                std::uint8_t* packed, std::uint8_t* scales) {
+  constexpr std::size_t G = numerics::kNvfp4Group;
+  const DI di;
+  alignas(64) float mags[G * kN];
+  TransposeMagnitudes<G>(x, mags);
+  const VI bm = TransposedBlockMaxBits<G>(mags);
+  if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) {
+    ReferenceBlocks(x, src, spec, 0, static_cast<std::int64_t>(kN), packed, reinterpret_cast<std::byte*>(scales),
+                    nullptr);
+    return;
+  }
+  const Nvfp4Choice best = Nvfp4SearchBlocks(mags, bm, p, spec.scale_search);
+  StoreBytes(best.code, scales);
+  EncodeTile<E2M1, G, false>(x, best.enc, bm, scales, 0x7F, false, packed);
+}
+
+// Three-level mse's global search over a tile (reference::nvfp4_global_errors): adds, for each of
+// the n candidate searches, the errors its block scales leave to totals[c]. The transposed tile is
+// shared by every candidate. False when the tile holds a NaN or Inf.
+template <class T>
+HWY_INLINE bool Nvfp4GlobalErrorsTile(const T* x, const numerics::Nvfp4Search* searches, int n, double* totals) {
+  constexpr std::size_t G = numerics::kNvfp4Group;
+  const DI di;
+  alignas(64) float mags[G * kN];
+  TransposeMagnitudes<G>(x, mags);
+  const VI bm = TransposedBlockMaxBits<G>(mags);
+  if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) return false;
+  alignas(64) float errs[kN];
+  for (int c = 0; c < n; ++c) {
+    hn::Store(Nvfp4SearchBlocks(mags, bm, searches[c], ScaleSearch::mse).err, DF(), errs);
+    for (const float e : errs) totals[c] += e;
+  }
+  return true;
+}
+
+template <class T>
+bool Nvfp4GlobalErrorsOf(const T* x, std::int64_t b0, std::int64_t b1, const numerics::Nvfp4Search* searches, int n,
+                         double* totals) {
+  constexpr std::int64_t G = numerics::kNvfp4Group;
+  std::int64_t b = b0;
+  for (; b + static_cast<std::int64_t>(kN) <= b1; b += kN)
+    if (!Nvfp4GlobalErrorsTile(x + b * G, searches, n, totals)) return false;
+  if (b == b1) return true;
+  alignas(64) T tail[kN * G] = {};  // zero blocks add no error
+  std::memcpy(tail, x + b * G, static_cast<std::size_t>((b1 - b) * G) * sizeof(T));
+  return Nvfp4GlobalErrorsTile(tail, searches, n, totals);
+}
+
+inline bool Nvfp4GlobalErrorBlocks(const void* x, DType src, std::int64_t b0, std::int64_t b1,
+                                   const numerics::Nvfp4Search* searches, int n, double* totals) {
+  switch (src) {
+    case DType::float16: return Nvfp4GlobalErrorsOf(static_cast<const hwy::float16_t*>(x), b0, b1, searches, n, totals);
+    case DType::bfloat16:
+      return Nvfp4GlobalErrorsOf(static_cast<const hwy::bfloat16_t*>(x), b0, b1, searches, n, totals);
+    default: return Nvfp4GlobalErrorsOf(static_cast<const float*>(x), b0, b1, searches, n, totals);
+  }
 }
 
 // ---- mxfp4 / mxfp8 (FORMATS.md 2.2) ----

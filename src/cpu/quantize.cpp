@@ -31,6 +31,25 @@ void Quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const
                [&](std::int64_t b0, std::int64_t b1) { QuantizeBlocks(x, src, spec, b0, b1, packed, scales, biases); });
 }
 
+bool Nvfp4GlobalErrors(const void* x, DType src, std::int64_t blocks, const float* globals, int n, double* totals) {
+  std::vector<numerics::Nvfp4Search> searches;
+  for (int c = 0; c < n; ++c) searches.push_back(numerics::nvfp4_search_tensor(true, globals[c], ScaleSearch::mse));
+  // Per-chunk sums, added in chunk order at the end: the same totals for every thread count.
+  constexpr std::int64_t grain = 1024;
+  const std::int64_t chunks = (blocks + grain - 1) / grain;
+  std::vector<double> sums(static_cast<std::size_t>(chunks * n), 0.0);
+  std::vector<char> finite(static_cast<std::size_t>(chunks), 1);
+  parallel_for(blocks, grain, [&](std::int64_t b0, std::int64_t b1) {
+    const std::int64_t k = b0 / grain;
+    finite[static_cast<std::size_t>(k)] = Nvfp4GlobalErrorBlocks(x, src, b0, b1, searches.data(), n, &sums[k * n]);
+  });
+  if (std::find(finite.begin(), finite.end(), 0) != finite.end()) return false;
+  std::fill(totals, totals + n, 0.0);
+  for (std::int64_t k = 0; k < chunks; ++k)
+    for (int c = 0; c < n; ++c) totals[c] += sums[k * n + c];
+  return true;
+}
+
 }  // namespace microscale::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -38,6 +57,7 @@ HWY_AFTER_NAMESPACE();
 namespace microscale::cpu {
 
 HWY_EXPORT(Quantize);
+HWY_EXPORT(Nvfp4GlobalErrors);
 
 namespace {
 
@@ -68,6 +88,10 @@ void quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const
               std::byte* scales, std::byte* biases) {
   if (spec.scale_2d) return quantize_2d(x, src, rows, K, spec, packed, scales);
   HWY_DYNAMIC_DISPATCH(Quantize)(x, src, rows, K, spec, packed, scales, biases);
+}
+
+bool nvfp4_global_errors(const void* x, DType src, std::int64_t blocks, const float* globals, int n, double* totals) {
+  return HWY_DYNAMIC_DISPATCH(Nvfp4GlobalErrors)(x, src, blocks, globals, n, totals);
 }
 
 }  // namespace microscale::cpu

@@ -186,8 +186,8 @@ void qqmm_entry(const std::uint8_t* px, const std::uint8_t* sx, const std::uint8
   finish("qqmm");
 }
 
-constexpr ops::Kernels kCuda{quantize_entry,         dequantize_entry, amax_entry, find_nonfinite_entry,
-                             quantized_matmul_entry, qqmm_entry,       nullptr};
+constexpr ops::Kernels kCuda{quantize_entry,       dequantize_entry,       nullptr,    amax_entry,
+                             find_nonfinite_entry, quantized_matmul_entry, qqmm_entry, nullptr};
 
 [[maybe_unused]] const bool kRegistered = [] {
   ops::register_cuda({&kCuda, available, is_device_memory, copy_any});

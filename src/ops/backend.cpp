@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/convert.hpp"
+#include "core/numerics.hpp"
 #include "microscale/runtime.hpp"
 #include "ops/kernels.hpp"
 #include "reference/reference.hpp"
@@ -62,6 +63,12 @@ void reference_quantize(const void* x, DType src, std::int64_t rows, std::int64_
   reference::quantize(xf.data(), rows, K, src, spec, packed, scales, biases);
 }
 
+bool reference_nvfp4_global_errors(const void* x, DType src, std::int64_t blocks, const float* globals, int n,
+                                   double* totals) {
+  const std::vector<float> xf = widened(x, src, blocks * numerics::kNvfp4Group);
+  return reference::nvfp4_global_errors(xf.data(), blocks, globals, n, totals);
+}
+
 float reference_amax_finite(const void* x, DType src, std::int64_t n) {
   const std::vector<float> xf = widened(x, src, n);
   return reference::amax_finite(xf.data(), n);
@@ -101,11 +108,12 @@ void reference_linear(const float* x, std::int64_t M, const void* w, DType w_dty
   reference::matmul(x, wf.data(), M, N, K, true, bias, y);
 }
 
-constexpr ops::Kernels kReference{reference_quantize,       reference::dequantize,      reference_amax_finite,
-                                  reference_find_nonfinite, reference_quantized_matmul, reference::qqmm,
-                                  reference_linear};
-constexpr ops::Kernels kCpu{cpu::quantize,         cpu::dequantize, cpu::amax_finite, cpu_find_nonfinite,
-                            cpu::quantized_matmul, cpu::qqmm,       cpu::linear};
+constexpr ops::Kernels kReference{reference_quantize,    reference::dequantize,    reference_nvfp4_global_errors,
+                                  reference_amax_finite, reference_find_nonfinite, reference_quantized_matmul,
+                                  reference::qqmm,       reference_linear};
+constexpr ops::Kernels kCpu{cpu::quantize,    cpu::dequantize,    cpu::nvfp4_global_errors,
+                            cpu::amax_finite, cpu_find_nonfinite, cpu::quantized_matmul,
+                            cpu::qqmm,        cpu::linear};
 
 // Written once, by microscale_cuda's static initializer (before main), then only read.
 std::atomic<const ops::DeviceBackend*>& cuda_backend() {

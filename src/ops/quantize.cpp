@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -27,22 +28,61 @@ void check_finite(const ops::Kernels& k, const detail::Rows& x, DType dtype, con
   if (i >= 0) ops::throw_nonfinite(i, value, shape);
 }
 
+// The candidate mse's global search chooses, where the kernels' block-error totals settle it
+// (-1 where they do not). A candidate's documented total (below) and its block-error total T
+// differ by less than T * rel + abs: the float32 block errors round at most 18 times each (a
+// subtraction, a square and 15 additions: 32 units allowed), the float64 sums at most once per
+// term (twice allowed), and float32 underflow adds under 2^-140 per block. So where every other
+// candidate's T exceeds the least T by more than both slacks, the documented totals rank them
+// the same way, and no tie rule is needed.
+int settled_global_choice(const double* totals, int n, std::int64_t blocks, std::int64_t elements) {
+  const double rel = 32 * 0x1p-24 + (static_cast<double>(elements) + static_cast<double>(blocks) + 8) * 0x1p-52;
+  const double abs = static_cast<double>(blocks) * 0x1p-140;
+  const auto slack = [&](double t) { return t * rel * 1.01 + abs; };
+  int best = 0;
+  for (int c = 0; c < n; ++c) {
+    if (!std::isfinite(totals[c])) return -1;
+    if (totals[c] < totals[best]) best = c;
+  }
+  for (int c = 0; c < n; ++c)
+    if (c != best && !(totals[c] - totals[best] > slack(totals[c]) + slack(totals[best]))) return -1;
+  return best;
+}
+
 // mse's global-scale search (three-level nvfp4, docs/numerics.md): the whole tensor is quantized
 // with each candidate global scale and the one with the least total squared error over the finite
 // inputs is kept, ties to the first. The total is a float64 sum in row-major order of the
-// dequantized float32 values, so every backend and thread count chooses the same candidate.
+// dequantized float32 values, so every backend and thread count chooses the same candidate. The
+// kernels' block-error totals (one pass over x for every candidate) decide it wherever they settle
+// it; near-ties, non-finite inputs and overflowing totals take the documented computation.
 void quantize_searching_global(const ops::Kernels& k, const detail::Rows& x, DType dtype, const ops::QuantizePlan& p,
                                Quantized& q, Tensor& compact) {
   const float amax = *p.spec.global_scale;
+  constexpr int kCandidates = static_cast<int>(std::size(numerics::kNvfp4GlobalCandidates));
+  float globals[kCandidates];
+  for (int c = 0; c < kCandidates; ++c)
+    globals[c] = std::fmin(amax * numerics::kNvfp4GlobalCandidates[c], std::numeric_limits<float>::max());
+  const std::int64_t blocks = x.numel / numerics::kNvfp4Group;
+  double totals[kCandidates];
+  if (k.nvfp4_global_errors(x.data, dtype, blocks, globals, kCandidates, totals)) {
+    const int c = settled_global_choice(totals, kCandidates, blocks, x.numel);
+    if (c >= 0) {
+      QuantSpec s = p.spec;
+      s.global_scale = globals[c];
+      k.quantize(x.data, dtype, p.rows, p.K, s, q.packed.data<std::uint8_t>(), compact.bytes(), nullptr);
+      q.spec.global_scale = s.global_scale;
+      return;
+    }
+  }
   const auto n = static_cast<std::size_t>(x.numel);
   std::vector<float> xf(n), y(n);
   for (std::size_t i = 0; i < n; ++i) xf[i] = detail::load_f32(x.data + i * dtype_size(dtype), dtype);
   Tensor packed(DType::uint8, p.packed), scales(DType::uint8, p.compact_scales);
   double best = 0.0;
   bool first = true;
-  for (const float m : numerics::kNvfp4GlobalCandidates) {
+  for (const float g : globals) {
     QuantSpec s = p.spec;
-    s.global_scale = std::fmin(amax * m, std::numeric_limits<float>::max());
+    s.global_scale = g;
     std::memset(packed.bytes(), 0, packed.nbytes());  // the reference ORs codes in
     k.quantize(x.data, dtype, p.rows, p.K, s, packed.data<std::uint8_t>(), scales.bytes(), nullptr);
     k.dequantize(packed.data<std::uint8_t>(), scales.bytes(), nullptr, DType::uint8, p.rows, p.K, s, DType::float32,

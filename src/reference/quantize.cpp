@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/convert.hpp"
 #include "core/numerics.hpp"
@@ -173,6 +174,20 @@ void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, cons
       }
     }
   }
+}
+
+bool nvfp4_global_errors(const float* x, std::int64_t blocks, const float* globals, int n, double* totals) {
+  constexpr int G = numerics::kNvfp4Group;
+  for (std::int64_t b = 0; b < blocks; ++b)
+    if (!all_finite(x + b * G, G)) return false;
+  std::vector<numerics::Nvfp4Search> searches;
+  for (int c = 0; c < n; ++c) searches.push_back(numerics::nvfp4_search_tensor(true, globals[c], ScaleSearch::mse));
+  std::fill(totals, totals + n, 0.0);
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const float bamax = block_amax(x + b * G, G);
+    for (int c = 0; c < n; ++c) totals[c] += numerics::nvfp4_searched_block_error(x + b * G, bamax, searches[c]);
+  }
+  return true;
 }
 
 }  // namespace microscale::reference

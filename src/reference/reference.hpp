@@ -22,6 +22,11 @@ namespace microscale::reference {
 void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, const QuantSpec& spec, std::uint8_t* packed,
               std::byte* scales, std::byte* biases, std::int64_t index0 = 0);
 
+// Three-level nvfp4 mse's global-scale search: totals[c] = the sum over the `blocks` blocks of 16
+// of x of the error mse's block scale leaves under global scale globals[c]
+// (numerics::nvfp4_searched_block_error). False, with totals untouched, when x holds a NaN or Inf.
+bool nvfp4_global_errors(const float* x, std::int64_t blocks, const float* globals, int n, double* totals);
+
 // Inverse: compact scales of dtype `scale_dtype` (uint8 for fp modes), biases of the same dtype
 // (affine), output y [rows, K] of dtype `out`.
 void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases, DType scale_dtype,

@@ -3,6 +3,7 @@
 // gain on a heavy-tailed matrix, identical bytes on every backend, and the argument errors.
 #include <numeric>
 
+#include "ops/quantize.hpp"
 #include "support.hpp"
 
 namespace {
@@ -246,6 +247,75 @@ TEST(ScaleSearch, SameBytesOnEveryBackend) {
       EXPECT_EQ(q.spec.global_scale, first->spec.global_scale) << b.label;
     }
   }
+}
+
+// The global search as docs/numerics.md defines it, by brute force: each candidate's whole
+// quantization (ops::quantize without the global search), its float64 total in row-major order
+// over the finite inputs, the least kept, ties to the first.
+Quantized documented_global_choice(const TensorView& x, const std::vector<float>& xf, float amax) {
+  std::optional<Quantized> best;
+  double best_err = 0.0;
+  for (const float m : {1.0f, 1.03125f, 1.0625f, 1.09375f, 1.75f}) {
+    const QuantSpec s = spec_of(Mode::nvfp4, ScaleSearch::mse, std::fmin(amax * m, FLT_MAX));
+    Quantized q = microscale::ops::quantize(x, s, false);
+    const std::vector<float> y = decoded_f32(q);
+    double err = 0.0;
+    for (std::size_t i = 0; i < xf.size(); ++i) {
+      if (!std::isfinite(xf[i])) continue;
+      const double d = static_cast<double>(y[i]) - static_cast<double>(xf[i]);
+      err += d * d;
+    }
+    if (!best || err < best_err) {
+      best = std::move(q);
+      best_err = err;
+    }
+  }
+  return std::move(*best);
+}
+
+// The search's one pass over the tensor (every candidate's block errors at once) decides as the
+// documented float64 totals do, on every backend: heavy tails, ties, wide ranges, zeros and
+// constants (all candidates tie: the first), tiny and huge values, NaN (the documented path),
+// float32, float16 and bfloat16 inputs.
+TEST(ScaleSearch, GlobalSearchMatchesTheDocumentedTotals) {
+  struct Input {
+    std::string name;
+    std::vector<float> x;
+  };
+  std::vector<Input> inputs;
+  for (const Dist d : {Dist::gaussian, Dist::student_t3, Dist::tie_rich, Dist::wide_range})
+    for (std::uint64_t seed = 0; seed < 3; ++seed)
+      inputs.push_back({"dist " + std::to_string(static_cast<int>(d)) + " seed " + std::to_string(seed),
+                        make_data(48 * 64, d, 100 + seed)});
+  inputs.push_back({"zeros", std::vector<float>(48 * 64, 0.0f)});
+  inputs.push_back({"constant", std::vector<float>(48 * 64, -0.3f)});
+  std::vector<float> tiny = make_data(48 * 64, Dist::gaussian, 7), huge = tiny, nan = tiny;
+  for (float& v : tiny) v *= 1e-39f;  // float32 subnormals
+  for (float& v : huge) v *= 1e37f;   // 1.75 x amax near float32's largest value
+  nan[1000] = std::numeric_limits<float>::quiet_NaN();
+  inputs.push_back({"tiny", tiny});
+  inputs.push_back({"huge", huge});
+  inputs.push_back({"nan", nan});
+  for (const Input& in : inputs)
+    for (const DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+      const std::vector<std::uint16_t> half =
+          dtype == DType::float32 ? std::vector<std::uint16_t>{} : to_half(in.x, dtype);
+      const TensorView xv = dtype == DType::float32 ? view(in.x, {48, 64}) : view(half, dtype, {48, 64});
+      const float amax = microscale::global_scale(xv);
+      const std::string what = in.name + " " + microscale::dtype_name(dtype);
+      std::optional<Quantized> want;
+      {
+        UseBackend use(backend_configs().front());
+        want = documented_global_choice(xv, dtype == DType::float32 ? in.x : widen(half, dtype), amax);
+      }
+      for (const BackendConfig& b : backend_configs()) {
+        UseBackend use(b);
+        const Quantized got = microscale::quantize(xv, spec_of(Mode::nvfp4, ScaleSearch::mse, amax));
+        EXPECT_EQ(got.spec.global_scale, want->spec.global_scale) << what << " " << b.label;
+        EXPECT_EQ(bytes(got.packed), bytes(want->packed)) << what << " " << b.label;
+        EXPECT_EQ(bytes(got.scales), bytes(want->scales)) << what << " " << b.label;
+      }
+    }
 }
 
 void expect_error(const std::function<void()>& f, const std::string& part) {
