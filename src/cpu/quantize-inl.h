@@ -398,12 +398,10 @@ HWY_INLINE VF Fp4SquaredErrors(const float* mags, VF amax, VF enc, VF dec) {
 // The searched nvfp4 block scales of a finite tile (lane b = block b, from its transposed
 // magnitudes and block maxima): each candidate's error is summed over the block's elements in
 // index order with the scalar spec's float operations (numerics::nvfp4_searched_block_scale), so
-// the choice is the reference's.
-struct Nvfp4Choice {
-  VI code;
-  VF enc, err;
-};
-HWY_INLINE Nvfp4Choice Nvfp4SearchBlocks(const float* mags, VI bm, const numerics::Nvfp4Search& p, ScaleSearch search) {
+// the choice is the reference's. Outputs the chosen codes, their encode factors and errors
+// (references: SVE vectors cannot be members of a struct).
+HWY_INLINE void Nvfp4SearchBlocks(const float* mags, VI bm, const numerics::Nvfp4Search& p, ScaleSearch search,
+                                  VI& best_code, VF& best_enc, VF& best_err) {
   constexpr std::size_t G = numerics::kNvfp4Group;
   const DF df;
   const DI di;
@@ -417,10 +415,10 @@ HWY_INLINE Nvfp4Choice Nvfp4SearchBlocks(const float* mags, VI bm, const numeric
     enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), flt_max);
     dec = t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
   };
-  Nvfp4Choice best{s0, hn::Zero(df), hn::Zero(df)};
+  best_code = s0;
   VF dec0;
-  factors_of(s0, best.enc, dec0);
-  best.err = Fp4SquaredErrors<G>(mags, amax, best.enc, dec0);
+  factors_of(s0, best_enc, dec0);
+  best_err = Fp4SquaredErrors<G>(mags, amax, best_enc, dec0);
   // A candidate's error is at least its block max's term (a sum of non-negative terms never
   // falls below one of them), so where that term alone reaches the best error in every valid
   // lane, the candidate cannot win. Checked for the scales 2 and 3 steps down, where the max
@@ -428,13 +426,13 @@ HWY_INLINE Nvfp4Choice Nvfp4SearchBlocks(const float* mags, VI bm, const numeric
   auto consider = [&](VI code, auto valid, bool bounded) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
     VF enc, dec;
     factors_of(code, enc, dec);
-    if (bounded && hn::AllTrue(df, hn::Or(hn::Not(valid), hn::Ge(Fp4SquaredError<true>(amax, enc, dec), best.err))))
+    if (bounded && hn::AllTrue(df, hn::Or(hn::Not(valid), hn::Ge(Fp4SquaredError<true>(amax, enc, dec), best_err))))
       return;
     const VF err = Fp4SquaredErrors<G>(mags, amax, enc, dec);
-    const auto better = hn::And(valid, hn::Lt(err, best.err));
-    best.code = hn::IfThenElse(hn::RebindMask(di, better), code, best.code);
-    best.enc = hn::IfThenElse(better, enc, best.enc);
-    best.err = hn::IfThenElse(better, err, best.err);
+    const auto better = hn::And(valid, hn::Lt(err, best_err));
+    best_code = hn::IfThenElse(hn::RebindMask(di, better), code, best_code);
+    best_enc = hn::IfThenElse(better, enc, best_enc);
+    best_err = hn::IfThenElse(better, err, best_err);
   };
   if (search == ScaleSearch::mse) {
     for (int d = 1; d <= numerics::kNvfp4MseSteps; ++d) {
@@ -447,7 +445,6 @@ HWY_INLINE Nvfp4Choice Nvfp4SearchBlocks(const float* mags, VI bm, const numeric
   // 4over6's max-to-4 code (mse tries it last).
   consider(RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f)))), hn::RebindMask(df, hn::Eq(s0, s0)),
            false);
-  return best;
 }
 
 // nvfp4 scale search (4over6, mse) on finite tiles, 'propagate'/'error' only. Tiles holding
@@ -465,9 +462,11 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
                     nullptr);
     return;
   }
-  const Nvfp4Choice best = Nvfp4SearchBlocks(mags, bm, p, spec.scale_search);
-  StoreBytes(best.code, scales);
-  EncodeTile<E2M1, G, false>(x, best.enc, bm, scales, 0x7F, false, packed);
+  VI code = hn::Zero(di);
+  VF enc = hn::Zero(DF()), err = enc;
+  Nvfp4SearchBlocks(mags, bm, p, spec.scale_search, code, enc, err);
+  StoreBytes(code, scales);
+  EncodeTile<E2M1, G, false>(x, enc, bm, scales, 0x7F, false, packed);
 }
 
 // Three-level mse's global search over a tile (reference::nvfp4_global_errors): adds, for each of
@@ -482,8 +481,11 @@ HWY_INLINE bool Nvfp4GlobalErrorsTile(const T* x, const numerics::Nvfp4Search* s
   const VI bm = TransposedBlockMaxBits<G>(mags);
   if (!hn::AllFalse(di, NonFiniteBlocks<false>(bm))) return false;
   alignas(64) float errs[kN];
+  VI code = hn::Zero(di);
+  VF enc = hn::Zero(DF()), err = enc;
   for (int c = 0; c < n; ++c) {
-    hn::Store(Nvfp4SearchBlocks(mags, bm, searches[c], ScaleSearch::mse).err, DF(), errs);
+    Nvfp4SearchBlocks(mags, bm, searches[c], ScaleSearch::mse, code, enc, err);
+    hn::Store(err, DF(), errs);
     for (const float e : errs) totals[c] += e;
   }
   return true;
