@@ -356,6 +356,11 @@ HWY_INLINE VF Fp4RoundingConstant(VF y) {
   // binades 2^-5 to 4 (exponents 122 to 129); below 2^-5, y rounds to 0 under any of the three C.
   const __m256 by_exponent = _mm256_setr_ps(0x1p23f, 0x1p24f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f);
   return VF{_mm256_permutevar8x32_ps(by_exponent, _mm256_srli_epi32(_mm256_castps_si256(y.raw), 23))};
+#elif HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // The same with the exponent's low 4 bits (binades 2^-13 to 4): two instructions, not three.
+  const __m512 by_exponent = _mm512_setr_ps(0x1p23f, 0x1p24f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f,
+                                            0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f, 0x1p22f);
+  return VF{_mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_castps_si512(y.raw), 23), by_exponent)};
 #else
   const DI di;
   const VI binade = hn::Max(hn::And(hn::BitCast(di, y), hn::Set(di, kInfBits)), hn::Set(di, 0x3F800000));
@@ -395,6 +400,83 @@ HWY_INLINE VF Fp4SquaredErrors(const float* mags, VF amax, VF enc, VF dec) {
   return err;
 }
 
+// The encode and decode factors of block scale codes (numerics::nvfp4_scale_of_code and
+// nvfp4_decode_factor).
+HWY_INLINE void Nvfp4CodeFactors(VI code, const numerics::Nvfp4Search& p, VF& enc, VF& dec) {
+  const DF df;
+  const numerics::Nvfp4Tensor& t = p.t;
+  const VF sf = DecodeE4M3<false>(code);
+  enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), hn::Set(df, kFltMax));
+  dec = t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
+}
+
+#if !HWY_HAVE_SCALABLE
+// Per lane b and code k: numerics::fp4_block_sq_error of block b under the factors enc[k],
+// dec[k], as Fp4SquaredErrors; the kP sums advance together so that their dependent additions
+// overlap.
+template <bool kSaturate, std::size_t kP>
+HWY_INLINE void Fp4SquaredErrorsInterleaved(const float* mags, const VF (&enc)[kP], const VF (&dec)[kP],
+                                            VF (&err)[kP]) {
+  const DF df;
+  for (VF& e : err) e = hn::Zero(df);
+  for (std::size_t i = 0; i < numerics::kNvfp4Group; ++i) {
+    const VF a = hn::Load(df, mags + i * kN);
+    for (std::size_t k = 0; k < kP; ++k) err[k] = hn::Add(err[k], Fp4SquaredError<kSaturate>(a, enc[k], dec[k]));
+  }
+}
+
+template <std::size_t kP>
+HWY_INLINE void Fp4SquaredErrorsInterleaved(const float* mags, VF amax, const VF (&enc)[kP], const VF (&dec)[kP],
+                                            VF (&err)[kP]) {
+  const DF df;
+  auto saturates = hn::Ge(hn::Mul(amax, enc[0]), hn::Set(df, E2M1::ROUNDS_TO_MAX));
+  for (std::size_t k = 1; k < kP; ++k)
+    saturates = hn::Or(saturates, hn::Ge(hn::Mul(amax, enc[k]), hn::Set(df, E2M1::ROUNDS_TO_MAX)));
+  if (hn::AllFalse(df, saturates))
+    Fp4SquaredErrorsInterleaved<false>(mags, enc, dec, err);
+  else
+    Fp4SquaredErrorsInterleaved<true>(mags, enc, dec, err);
+}
+
+// mse's search (Nvfp4SearchBlocks) with its six codes evaluated together: the chosen codes, their
+// encode factors and errors.
+HWY_INLINE void Nvfp4MseBlocks(const float* mags, VI bm, const numerics::Nvfp4Search& p, VI& best_code, VF& best_enc,
+                               VF& best_err) {
+  const DF df;
+  const DI di;
+  const VF amax = hn::BitCast(df, bm);
+  const VF base = hn::Min(hn::Mul(amax, hn::Set(df, p.t.s_enc * f32_from_bits(kC6Bits))), hn::Set(df, kFltMax));
+  const VI s0 = RoundMagnitude<E4M3>(hn::BitCast(di, base));
+  const VI one = hn::Set(di, 1), two = hn::Set(di, 2);
+  // In the spec's order: s0, s0-1, s0+1, s0-2, s0+2, 4over6.
+  const VI codes[6] = {s0,
+                       hn::Sub(s0, one),
+                       hn::Add(s0, one),
+                       hn::Sub(s0, two),
+                       hn::Add(s0, two),
+                       RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f))))};
+  VF enc[6], dec[6], err[6];
+  for (std::size_t k = 0; k < 6; ++k) Nvfp4CodeFactors(codes[k], p, enc[k], dec[k]);
+  Fp4SquaredErrorsInterleaved(mags, amax, enc, dec, err);
+  // Strictly lower errors replace the best in that order.
+  const VI max_code = hn::Set(di, E4M3::MAX_CODE);
+  best_code = codes[0];
+  best_enc = enc[0];
+  best_err = err[0];
+  auto consider = [&](std::size_t k, auto valid) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
+    const auto better = hn::And(hn::RebindMask(df, valid), hn::Lt(err[k], best_err));
+    best_code = hn::IfThenElse(hn::RebindMask(di, better), codes[k], best_code);
+    best_enc = hn::IfThenElse(better, enc[k], best_enc);
+    best_err = hn::IfThenElse(better, err[k], best_err);
+  };
+  consider(1, hn::Gt(s0, hn::Zero(di)));
+  consider(2, hn::Lt(s0, max_code));
+  consider(3, hn::Gt(s0, one));
+  consider(4, hn::Lt(hn::Add(s0, one), max_code));
+  consider(5, hn::Eq(s0, s0));
+}
+#endif
+
 // The searched nvfp4 block scales of a finite tile (lane b = block b, from its transposed
 // magnitudes and block maxima): each candidate's error is summed over the block's elements in
 // index order with the scalar spec's float operations (numerics::nvfp4_searched_block_scale), so
@@ -405,16 +487,16 @@ HWY_INLINE void Nvfp4SearchBlocks(const float* mags, VI bm, const numerics::Nvfp
   constexpr std::size_t G = numerics::kNvfp4Group;
   const DF df;
   const DI di;
+#if !HWY_HAVE_SCALABLE  // sizeless vectors make no arrays
+  if (search == ScaleSearch::mse) return Nvfp4MseBlocks(mags, bm, p, best_code, best_enc, best_err);
+#endif
   const numerics::Nvfp4Tensor& t = p.t;
   const VF flt_max = hn::Set(df, kFltMax);
   const VF amax = hn::BitCast(df, bm);
   const VF base = hn::Min(hn::Mul(amax, hn::Set(df, t.s_enc * f32_from_bits(kC6Bits))), flt_max);
   const VI s0 = RoundMagnitude<E4M3>(hn::BitCast(di, base));
-  auto factors_of = [&](VI code, VF& enc, VF& dec) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
-    const VF sf = DecodeE4M3<false>(code);
-    enc = hn::Min(hn::Div(hn::Set(df, 1.0f), hn::Mul(sf, hn::Set(df, t.s_dec))), flt_max);
-    dec = t.three_level ? hn::Mul(hn::Mul(sf, hn::Set(df, p.decode_amax)), hn::Set(df, f32_from_bits(kC2688Bits))) : sf;
-  };
+  auto factors_of = [&](VI code, VF& enc, VF& dec)
+                        HWY_ATTR MICROSCALE_ALWAYS_INLINE { Nvfp4CodeFactors(code, p, enc, dec); };
   best_code = s0;
   VF dec0;
   factors_of(s0, best_enc, dec0);

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "common.hpp"
+#include "core/numerics.hpp"
 
 using namespace cputest;
 namespace ref = microscale::reference;
@@ -151,12 +152,12 @@ std::vector<std::vector<std::uint16_t>> layouts(DType t) {
   for (std::size_t b = 0; b < anchored.size(); b += 16) {
     float m = 0.0f;
     for (std::size_t i = b; i < b + 16; ++i) {
-      std::byte raw[2];
+      std::byte raw[4];  // 2 used; 4 keeps GCC's bounds check quiet where t is not known
       std::memcpy(raw, &anchored[i], 2);
       const float v = microscale::detail::load_f32(raw, t);
       if (std::isfinite(v)) m = std::max(m, std::fabs(v));
     }
-    std::byte raw[2];
+    std::byte raw[4];
     const float top = t == DType::float16 ? 65504.0f : 3.0e38f;
     microscale::detail::store_f32(std::min(m * factor(rng), top), t, raw);
     std::memcpy(&anchored[b], raw, 2);
@@ -298,4 +299,69 @@ TEST(CpuQuantize, ScaleSearchMatchesReference) {
         for (const NamedSpec& ns : specs) expect_matches(in, rows, K, ns, "scale search data " + std::to_string(data));
       }
     }
+}
+
+// Three-level mse's global search (cpu::nvfp4_global_errors): each candidate's total is the sum
+// of the same float32 block errors as the reference's, added in block order within a chunk of
+// 1024 blocks, so totals over at most 1024 blocks match bit for bit (NaN where float32 errors
+// overflow at the extreme global scales). Every finite 16-bit pattern
+// (three layouts), corner-case and heavy-tailed data, whole tiles and a ragged tail, global
+// scales from the candidates' range to the clamps; NaN or Inf anywhere answers false.
+TEST(CpuQuantize, Nvfp4GlobalErrorsMatchReference) {
+  constexpr std::int64_t kChunk = 1024, G = 16;
+  std::vector<Input> inputs;
+  for (const DType t : {DType::bfloat16, DType::float16})
+    for (std::vector<std::uint16_t> bits : layouts(t)) {
+      const std::uint16_t exp_mask = t == DType::float16 ? 0x7C00 : 0x7F80;
+      for (std::uint16_t& b : bits)
+        if ((b & exp_mask) == exp_mask) b = 0;
+      inputs.push_back(input_from_bits(bits, t));
+      inputs.push_back(make_input(inputs.back().f32, DType::float32));
+    }
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> tails(G * 1000);
+  for (float& v : tails) v = normal(rng) * std::exp(2.0f * normal(rng));
+  auto finite_input = [](std::vector<float> v, DType t) {  // values t rounds to Inf become 0
+    const Input in = make_input(v, t);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(in.f32[i])) v[i] = 0.0f;
+    return make_input(v, t);
+  };
+  for (const DType t : kDtypes) {
+    inputs.push_back(finite_input(corner_data(G * 1000, 16, t, false, 11), t));
+    inputs.push_back(finite_input(tails, t));
+  }
+  for (const Input& in : inputs) {
+    const auto blocks = static_cast<std::int64_t>(in.f32.size()) / G;
+    const float amax = ref::amax_finite(in.f32.data(), blocks * G);
+    std::vector<float> globals;
+    for (const float c : microscale::numerics::kNvfp4GlobalCandidates) globals.push_back(std::fmin(amax * c, kFltMax));
+    for (const float g : {0.0f, 1e-37f, kFltMax}) globals.push_back(g);
+    const int n = static_cast<int>(globals.size());
+    const std::size_t es = microscale::dtype_size(in.dtype);
+    for (std::int64_t b0 = 0; b0 < blocks; b0 += kChunk) {
+      const std::int64_t nb = std::min(kChunk, blocks - b0) - (b0 == 0 ? 3 : 0);  // one ragged slice
+      std::vector<double> want(n), got(n);
+      ASSERT_TRUE(ref::nvfp4_global_errors(in.f32.data() + b0 * G, nb, globals.data(), n, want.data()));
+      for_each_target([&](const std::string& where) {
+        ASSERT_TRUE(
+            cpu::nvfp4_global_errors(in.bytes.data() + b0 * G * es, in.dtype, nb, globals.data(), n, got.data()))
+            << where;
+        for (int c = 0; c < n; ++c)
+          EXPECT_TRUE(got[c] == want[c] || (std::isnan(got[c]) && std::isnan(want[c])))
+              << got[c] << " != " << want[c] << " " << microscale::dtype_name(in.dtype) << " blocks " << b0 << "+" << nb
+              << " global " << globals[c] << " " << where;
+      });
+    }
+  }
+  std::vector<float> bad(G * 40, 1.0f);
+  bad[G * 37 + 5] = kInf;
+  const Input in = make_input(bad, DType::float32);
+  double totals[1];
+  const float g = 1.0f;
+  EXPECT_FALSE(ref::nvfp4_global_errors(in.f32.data(), 40, &g, 1, totals));
+  for_each_target([&](const std::string& where) {
+    EXPECT_FALSE(cpu::nvfp4_global_errors(in.bytes.data(), DType::float32, 40, &g, 1, totals)) << where;
+  });
 }
