@@ -17,6 +17,7 @@
 
 #include "cpu/parallel.hpp"
 #include "microscale/microscale.hpp"
+#include "read_pass.hpp"
 
 namespace ms = microscale;
 
@@ -131,9 +132,7 @@ void BM_ReadRoofline(benchmark::State& state) {
     const std::uint64_t* b = bufs[i++ % kColdCopies].data();
     std::atomic<std::uint64_t> all{0};
     ms::cpu::parallel_for(rows, 32, [&](std::int64_t r0, std::int64_t r1) {
-      std::uint64_t acc = 0;
-      for (std::int64_t j = r0 * row_words; j < r1 * row_words; ++j) acc ^= b[j];
-      all ^= acc;
+      all ^= bench::xor_words(b + r0 * row_words, (r1 - r0) * row_words);
     });
     benchmark::DoNotOptimize(all.load());
   }

@@ -19,6 +19,7 @@
 #include "cpu/parallel.hpp"
 #include "microscale/codecs.hpp"
 #include "microscale/runtime.hpp"
+#include "read_pass.hpp"
 
 namespace ms = microscale;
 
@@ -138,9 +139,7 @@ void run_cached(benchmark::State& st, Op op) {
 void stream_pass(const std::uint8_t* in, std::int64_t rd, std::uint8_t* out, std::int64_t wr) {
   ms::cpu::parallel_for(kN / 1024, 64, [&](std::int64_t b0, std::int64_t b1) {
     for (std::int64_t b = b0; b < b1; ++b) {
-      const auto* src = reinterpret_cast<const std::uint64_t*>(in + b * rd);
-      std::uint64_t acc = 0;
-      for (std::int64_t i = 0; i < rd / 8; ++i) acc ^= src[i];
+      const std::uint64_t acc = bench::xor_words(reinterpret_cast<const std::uint64_t*>(in + b * rd), rd / 8);
       benchmark::DoNotOptimize(acc);  // read-only twins write nothing
       auto* dst = reinterpret_cast<std::uint64_t*>(out + b * wr);
       for (std::int64_t i = 0; i < wr / 8; ++i) dst[i] = acc + static_cast<std::uint64_t>(i);

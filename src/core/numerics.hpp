@@ -409,12 +409,6 @@ MS_HD BlockScale nvfp4_searched_block_scale(const float* x, float bamax, const N
   return best;
 }
 
-// The error mse's choice for the finite nvfp4 block x[0..15] leaves (the minimum it searched for).
-MS_HD float nvfp4_searched_block_error(const float* x, float bamax, const Nvfp4Search& p) {
-  const BlockScale b = nvfp4_searched_block_scale(x, bamax, p, ScaleSearch::mse);
-  return fp4_block_sq_error(x, kNvfp4Group, b.enc, nvfp4_decode_factor(b.code, p.t.three_level, p.decode_amax));
-}
-
 // The searched scale of a finite mxfp4 block x[0..31]: the rule's exponent or one of its two
 // neighbours (mse).
 template <class Log2 = Log2Float>

@@ -19,7 +19,11 @@ void quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const
               std::byte* scales, std::byte* biases);
 // Three-level nvfp4 mse's global-scale search, as reference::nvfp4_global_errors (x of dtype src;
 // the totals' order of summation is fixed, the same for every thread count).
-bool nvfp4_global_errors(const void* x, DType src, std::int64_t blocks, const float* globals, int n, double* totals);
+bool nvfp4_global_errors(const void* x, DType src, std::int64_t blocks, const float* globals, int n, double* totals,
+                         std::uint8_t* scales);
+// As reference::nvfp4_encode (x of dtype src).
+void nvfp4_encode(const void* x, DType src, std::int64_t blocks, float global_scale, const std::uint8_t* scales,
+                  std::uint8_t* packed);
 void dequantize(const std::uint8_t* packed, const std::byte* scales, const std::byte* biases, DType scale_dtype,
                 std::int64_t rows, std::int64_t K, const QuantSpec& spec, DType out, std::byte* y);
 // max |x_i| over finite values (0 if none).

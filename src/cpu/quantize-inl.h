@@ -69,19 +69,37 @@ inline void QuantizeBlocks(const void* x, DType src, const QuantSpec& spec, std:
   ReferenceBlocks(x, src, spec, b0, b1, packed, scales, biases);
 }
 
-inline bool Nvfp4GlobalErrorBlocks(const void* x, DType src, std::int64_t b0, std::int64_t b1,
-                                   const numerics::Nvfp4Search* searches, int n, double* totals) {
+inline std::vector<float> WidenedBlocks(const void* x, DType src, std::int64_t b0, std::int64_t b1) {
   constexpr std::int64_t G = numerics::kNvfp4Group;
   const std::size_t esize = dtype_size(src);
   std::vector<float> buf(static_cast<std::size_t>((b1 - b0) * G));
   const auto* in = static_cast<const std::byte*>(x) + static_cast<std::size_t>(b0 * G) * esize;
   for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = detail::load_f32(in + i * esize, src);
+  return buf;
+}
+
+// scales: null, or each candidate's codes for all `blocks` blocks (this range's at b0).
+inline bool Nvfp4GlobalErrorBlocks(const void* x, DType src, std::int64_t b0, std::int64_t b1,
+                                   const numerics::Nvfp4Search* searches, int n, double* totals, std::uint8_t* scales,
+                                   std::int64_t blocks) {
+  const std::vector<float> buf = WidenedBlocks(x, src, b0, b1);
+  const std::int64_t nb = b1 - b0;
   std::vector<float> globals;
   for (int c = 0; c < n; ++c) globals.push_back(searches[c].decode_amax);
   std::vector<double> sums(static_cast<std::size_t>(n));
-  if (!reference::nvfp4_global_errors(buf.data(), b1 - b0, globals.data(), n, sums.data())) return false;
-  for (int c = 0; c < n; ++c) totals[c] += sums[static_cast<std::size_t>(c)];
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(n * nb));
+  if (!reference::nvfp4_global_errors(buf.data(), nb, globals.data(), n, sums.data(), codes.data())) return false;
+  for (int c = 0; c < n; ++c) {
+    totals[c] += sums[static_cast<std::size_t>(c)];
+    if (scales) std::memcpy(scales + c * blocks + b0, codes.data() + c * nb, static_cast<std::size_t>(nb));
+  }
   return true;
+}
+
+inline void Nvfp4EncodeBlocks(const void* x, DType src, std::int64_t b0, std::int64_t b1, float global_scale,
+                              const std::uint8_t* scales, std::uint8_t* packed) {
+  const std::vector<float> buf = WidenedBlocks(x, src, b0, b1);
+  reference::nvfp4_encode(buf.data(), b1 - b0, global_scale, scales + b0, packed + b0 * numerics::kNvfp4Group / 2);
 }
 
 #else
@@ -554,8 +572,10 @@ HWY_INLINE void Nvfp4SearchTile(const T* x, const numerics::Nvfp4Search& p, cons
 // Three-level mse's global search over a tile (reference::nvfp4_global_errors): adds, for each of
 // the n candidate searches, the errors its block scales leave to totals[c]. The transposed tile is
 // shared by every candidate. False when the tile holds a NaN or Inf.
+// With codes not null, codes[c * stride + b] receives candidate c's code for block b.
 template <class T>
-HWY_INLINE bool Nvfp4GlobalErrorsTile(const T* x, const numerics::Nvfp4Search* searches, int n, double* totals) {
+HWY_INLINE bool Nvfp4GlobalErrorsTile(const T* x, const numerics::Nvfp4Search* searches, int n, double* totals,
+                                      std::uint8_t* codes, std::int64_t stride) {
   constexpr std::size_t G = numerics::kNvfp4Group;
   const DI di;
   alignas(64) float mags[G * kN];
@@ -567,6 +587,7 @@ HWY_INLINE bool Nvfp4GlobalErrorsTile(const T* x, const numerics::Nvfp4Search* s
   VF enc = hn::Zero(DF()), err = enc;
   for (int c = 0; c < n; ++c) {
     Nvfp4SearchBlocks(mags, bm, searches[c], ScaleSearch::mse, code, enc, err);
+    if (codes) StoreBytes(code, codes + c * stride);
     hn::Store(err, DF(), errs);
     for (const float e : errs) totals[c] += e;
   }
@@ -575,24 +596,70 @@ HWY_INLINE bool Nvfp4GlobalErrorsTile(const T* x, const numerics::Nvfp4Search* s
 
 template <class T>
 bool Nvfp4GlobalErrorsOf(const T* x, std::int64_t b0, std::int64_t b1, const numerics::Nvfp4Search* searches, int n,
-                         double* totals) {
+                         double* totals, std::uint8_t* scales, std::int64_t blocks) {
   constexpr std::int64_t G = numerics::kNvfp4Group;
   std::int64_t b = b0;
   for (; b + static_cast<std::int64_t>(kN) <= b1; b += kN)
-    if (!Nvfp4GlobalErrorsTile(x + b * G, searches, n, totals)) return false;
+    if (!Nvfp4GlobalErrorsTile(x + b * G, searches, n, totals, scales ? scales + b : nullptr, blocks)) return false;
   if (b == b1) return true;
+  const auto rem = static_cast<std::size_t>(b1 - b);
   alignas(64) T tail[kN * G] = {};  // zero blocks add no error
-  std::memcpy(tail, x + b * G, static_cast<std::size_t>((b1 - b) * G) * sizeof(T));
-  return Nvfp4GlobalErrorsTile(tail, searches, n, totals);
+  std::memcpy(tail, x + b * G, rem * G * sizeof(T));
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(n) * kN);
+  if (!Nvfp4GlobalErrorsTile(tail, searches, n, totals, codes.data(), kN)) return false;
+  if (scales)
+    for (int c = 0; c < n; ++c) std::memcpy(scales + c * blocks + b, codes.data() + c * kN, rem);
+  return true;
 }
 
 inline bool Nvfp4GlobalErrorBlocks(const void* x, DType src, std::int64_t b0, std::int64_t b1,
-                                   const numerics::Nvfp4Search* searches, int n, double* totals) {
+                                   const numerics::Nvfp4Search* searches, int n, double* totals, std::uint8_t* scales,
+                                   std::int64_t blocks) {
   switch (src) {
-    case DType::float16: return Nvfp4GlobalErrorsOf(static_cast<const hwy::float16_t*>(x), b0, b1, searches, n, totals);
+    case DType::float16:
+      return Nvfp4GlobalErrorsOf(static_cast<const hwy::float16_t*>(x), b0, b1, searches, n, totals, scales, blocks);
     case DType::bfloat16:
-      return Nvfp4GlobalErrorsOf(static_cast<const hwy::bfloat16_t*>(x), b0, b1, searches, n, totals);
-    default: return Nvfp4GlobalErrorsOf(static_cast<const float*>(x), b0, b1, searches, n, totals);
+      return Nvfp4GlobalErrorsOf(static_cast<const hwy::bfloat16_t*>(x), b0, b1, searches, n, totals, scales, blocks);
+    default: return Nvfp4GlobalErrorsOf(static_cast<const float*>(x), b0, b1, searches, n, totals, scales, blocks);
+  }
+}
+
+// Element codes of a finite tile under given block scale codes, as Nvfp4SearchTile encodes its
+// choice.
+template <class T>
+HWY_INLINE void Nvfp4EncodeTile(const T* x, const numerics::Nvfp4Search& p, const std::uint8_t* scales,
+                                std::uint8_t* packed) {
+  const VI code = hn::PromoteTo(DI(), hn::LoadU(DQ8(), scales));
+  VF enc, dec;
+  Nvfp4CodeFactors(code, p, enc, dec);
+  EncodeTile<E2M1, numerics::kNvfp4Group, false>(x, enc, BlockMaxBits<numerics::kNvfp4Group, false>(x), scales, 0x7F,
+                                                 false, packed);
+}
+
+template <class T>
+void Nvfp4EncodeOf(const T* x, std::int64_t b0, std::int64_t b1, const numerics::Nvfp4Search& p,
+                   const std::uint8_t* scales, std::uint8_t* packed) {
+  constexpr std::int64_t G = numerics::kNvfp4Group;
+  std::int64_t b = b0;
+  for (; b + static_cast<std::int64_t>(kN) <= b1; b += kN)
+    Nvfp4EncodeTile(x + b * G, p, scales + b, packed + b * G / 2);
+  if (b == b1) return;
+  const auto rem = static_cast<std::size_t>(b1 - b);
+  alignas(64) T xin[kN * G] = {};
+  std::uint8_t sin[kN] = {}, pout[kN * G / 2];
+  std::memcpy(xin, x + b * G, rem * G * sizeof(T));
+  std::memcpy(sin, scales + b, rem);
+  Nvfp4EncodeTile(xin, p, sin, pout);
+  std::memcpy(packed + b * G / 2, pout, rem * G / 2);
+}
+
+inline void Nvfp4EncodeBlocks(const void* x, DType src, std::int64_t b0, std::int64_t b1, float global_scale,
+                              const std::uint8_t* scales, std::uint8_t* packed) {
+  const numerics::Nvfp4Search p = numerics::nvfp4_search_tensor(true, global_scale, ScaleSearch::mse);
+  switch (src) {
+    case DType::float16: return Nvfp4EncodeOf(static_cast<const hwy::float16_t*>(x), b0, b1, p, scales, packed);
+    case DType::bfloat16: return Nvfp4EncodeOf(static_cast<const hwy::bfloat16_t*>(x), b0, b1, p, scales, packed);
+    default: return Nvfp4EncodeOf(static_cast<const float*>(x), b0, b1, p, scales, packed);
   }
 }
 

@@ -31,7 +31,8 @@ void Quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const
                [&](std::int64_t b0, std::int64_t b1) { QuantizeBlocks(x, src, spec, b0, b1, packed, scales, biases); });
 }
 
-bool Nvfp4GlobalErrors(const void* x, DType src, std::int64_t blocks, const float* globals, int n, double* totals) {
+bool Nvfp4GlobalErrors(const void* x, DType src, std::int64_t blocks, const float* globals, int n, double* totals,
+                       std::uint8_t* scales) {
   std::vector<numerics::Nvfp4Search> searches;
   for (int c = 0; c < n; ++c) searches.push_back(numerics::nvfp4_search_tensor(true, globals[c], ScaleSearch::mse));
   // Per-chunk sums, added in chunk order at the end: the same totals for every thread count.
@@ -41,13 +42,22 @@ bool Nvfp4GlobalErrors(const void* x, DType src, std::int64_t blocks, const floa
   std::vector<char> finite(static_cast<std::size_t>(chunks), 1);
   parallel_for(blocks, grain, [&](std::int64_t b0, std::int64_t b1) {
     const std::int64_t k = b0 / grain;
-    finite[static_cast<std::size_t>(k)] = Nvfp4GlobalErrorBlocks(x, src, b0, b1, searches.data(), n, &sums[k * n]);
+    finite[static_cast<std::size_t>(k)] =
+        Nvfp4GlobalErrorBlocks(x, src, b0, b1, searches.data(), n, &sums[k * n], scales, blocks);
   });
   if (std::find(finite.begin(), finite.end(), 0) != finite.end()) return false;
   std::fill(totals, totals + n, 0.0);
   for (std::int64_t k = 0; k < chunks; ++k)
     for (int c = 0; c < n; ++c) totals[c] += sums[k * n + c];
   return true;
+}
+
+void Nvfp4Encode(const void* x, DType src, std::int64_t blocks, float global_scale, const std::uint8_t* scales,
+                 std::uint8_t* packed) {
+  // As Quantize: ~64 KiB of f32 input per chunk, whole tiles.
+  parallel_for(blocks, 1024, [&](std::int64_t b0, std::int64_t b1) {
+    Nvfp4EncodeBlocks(x, src, b0, b1, global_scale, scales, packed);
+  });
 }
 
 }  // namespace microscale::cpu::HWY_NAMESPACE
@@ -58,6 +68,7 @@ namespace microscale::cpu {
 
 HWY_EXPORT(Quantize);
 HWY_EXPORT(Nvfp4GlobalErrors);
+HWY_EXPORT(Nvfp4Encode);
 
 namespace {
 
@@ -90,8 +101,14 @@ void quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const
   HWY_DYNAMIC_DISPATCH(Quantize)(x, src, rows, K, spec, packed, scales, biases);
 }
 
-bool nvfp4_global_errors(const void* x, DType src, std::int64_t blocks, const float* globals, int n, double* totals) {
-  return HWY_DYNAMIC_DISPATCH(Nvfp4GlobalErrors)(x, src, blocks, globals, n, totals);
+bool nvfp4_global_errors(const void* x, DType src, std::int64_t blocks, const float* globals, int n, double* totals,
+                         std::uint8_t* scales) {
+  return HWY_DYNAMIC_DISPATCH(Nvfp4GlobalErrors)(x, src, blocks, globals, n, totals, scales);
+}
+
+void nvfp4_encode(const void* x, DType src, std::int64_t blocks, float global_scale, const std::uint8_t* scales,
+                  std::uint8_t* packed) {
+  HWY_DYNAMIC_DISPATCH(Nvfp4Encode)(x, src, blocks, global_scale, scales, packed);
 }
 
 }  // namespace microscale::cpu

@@ -186,7 +186,7 @@ void qqmm_entry(const std::uint8_t* px, const std::uint8_t* sx, const std::uint8
   finish("qqmm");
 }
 
-constexpr ops::Kernels kCuda{quantize_entry,       dequantize_entry,       nullptr,    amax_entry,
+constexpr ops::Kernels kCuda{quantize_entry,       dequantize_entry,       nullptr,    nullptr, amax_entry,
                              find_nonfinite_entry, quantized_matmul_entry, qqmm_entry, nullptr};
 
 [[maybe_unused]] const bool kRegistered = [] {

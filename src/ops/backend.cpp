@@ -64,9 +64,15 @@ void reference_quantize(const void* x, DType src, std::int64_t rows, std::int64_
 }
 
 bool reference_nvfp4_global_errors(const void* x, DType src, std::int64_t blocks, const float* globals, int n,
-                                   double* totals) {
+                                   double* totals, std::uint8_t* scales) {
   const std::vector<float> xf = widened(x, src, blocks * numerics::kNvfp4Group);
-  return reference::nvfp4_global_errors(xf.data(), blocks, globals, n, totals);
+  return reference::nvfp4_global_errors(xf.data(), blocks, globals, n, totals, scales);
+}
+
+void reference_nvfp4_encode(const void* x, DType src, std::int64_t blocks, float global_scale,
+                            const std::uint8_t* scales, std::uint8_t* packed) {
+  const std::vector<float> xf = widened(x, src, blocks * numerics::kNvfp4Group);
+  reference::nvfp4_encode(xf.data(), blocks, global_scale, scales, packed);
 }
 
 float reference_amax_finite(const void* x, DType src, std::int64_t n) {
@@ -108,12 +114,12 @@ void reference_linear(const float* x, std::int64_t M, const void* w, DType w_dty
   reference::matmul(x, wf.data(), M, N, K, true, bias, y);
 }
 
-constexpr ops::Kernels kReference{reference_quantize,    reference::dequantize,    reference_nvfp4_global_errors,
-                                  reference_amax_finite, reference_find_nonfinite, reference_quantized_matmul,
-                                  reference::qqmm,       reference_linear};
-constexpr ops::Kernels kCpu{cpu::quantize,    cpu::dequantize,    cpu::nvfp4_global_errors,
-                            cpu::amax_finite, cpu_find_nonfinite, cpu::quantized_matmul,
-                            cpu::qqmm,        cpu::linear};
+constexpr ops::Kernels kReference{reference_quantize,         reference::dequantize, reference_nvfp4_global_errors,
+                                  reference_nvfp4_encode,     reference_amax_finite, reference_find_nonfinite,
+                                  reference_quantized_matmul, reference::qqmm,       reference_linear};
+constexpr ops::Kernels kCpu{cpu::quantize,         cpu::dequantize,  cpu::nvfp4_global_errors,
+                            cpu::nvfp4_encode,     cpu::amax_finite, cpu_find_nonfinite,
+                            cpu::quantized_matmul, cpu::qqmm,        cpu::linear};
 
 // Written once, by microscale_cuda's static initializer (before main), then only read.
 std::atomic<const ops::DeviceBackend*>& cuda_backend() {

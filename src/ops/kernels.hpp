@@ -26,10 +26,16 @@ struct Kernels {
                      std::int64_t rows, std::int64_t K, const QuantSpec& spec, DType out, std::byte* y);
   // Three-level nvfp4 mse's global-scale search (ops/quantize.cpp): for each of n candidate
   // global scales, the sum over the `blocks` blocks of 16 of the float32 error mse's block scale
-  // leaves (reference::nvfp4_global_errors). False when x holds a NaN or Inf. Null in the CUDA
-  // table (the searched modes run on the host).
+  // leaves (reference::nvfp4_global_errors), and, where scales is not null, those block scales
+  // (n x blocks codes, candidate-major). False when x holds a NaN or Inf. Null in the CUDA table
+  // (the searched modes run on the host).
   bool (*nvfp4_global_errors)(const void* x, DType src, std::int64_t blocks, const float* globals, int n,
-                              double* totals);
+                              double* totals, std::uint8_t* scales);
+  // The element codes of finite three-level nvfp4 blocks under the given block scales
+  // (reference::nvfp4_encode), round-to-nearest: how the search's winner is written. Null in the
+  // CUDA table.
+  void (*nvfp4_encode)(const void* x, DType src, std::int64_t blocks, float global_scale, const std::uint8_t* scales,
+                       std::uint8_t* packed);
   float (*amax_finite)(const void* x, DType src, std::int64_t n);
   // Flat index of the first NaN or Inf, or -1; *value receives that element (as float32).
   std::int64_t (*find_nonfinite)(const void* x, DType src, std::int64_t n, float* value);

@@ -54,7 +54,9 @@ int settled_global_choice(const double* totals, int n, std::int64_t blocks, std:
 // inputs is kept, ties to the first. The total is a float64 sum in row-major order of the
 // dequantized float32 values, so every backend and thread count chooses the same candidate. The
 // kernels' block-error totals (one pass over x for every candidate) decide it wherever they settle
-// it; near-ties, non-finite inputs and overflowing totals take the documented computation.
+// it, and their chosen block scales are written with the winner's factor (as the searched
+// quantize would choose and write them, without searching again); near-ties, non-finite inputs
+// and overflowing totals take the documented computation.
 void quantize_searching_global(const ops::Kernels& k, const detail::Rows& x, DType dtype, const ops::QuantizePlan& p,
                                Quantized& q, Tensor& compact) {
   const float amax = *p.spec.global_scale;
@@ -64,13 +66,22 @@ void quantize_searching_global(const ops::Kernels& k, const detail::Rows& x, DTy
     globals[c] = std::fmin(amax * numerics::kNvfp4GlobalCandidates[c], std::numeric_limits<float>::max());
   const std::int64_t blocks = x.numel / numerics::kNvfp4Group;
   double totals[kCandidates];
+  // Stochastic rounding keys its bits by element: the kernels' quantize writes that.
+  std::vector<std::uint8_t> codes(p.spec.sr_seed ? 0 : static_cast<std::size_t>(kCandidates * blocks));
   // The CUDA table has no entry: its quantize refuses the search below, naming it.
-  if (k.nvfp4_global_errors && k.nvfp4_global_errors(x.data, dtype, blocks, globals, kCandidates, totals)) {
+  if (k.nvfp4_global_errors && k.nvfp4_global_errors(x.data, dtype, blocks, globals, kCandidates, totals,
+                                                     codes.empty() ? nullptr : codes.data())) {
     const int c = settled_global_choice(totals, kCandidates, blocks, x.numel);
     if (c >= 0) {
       QuantSpec s = p.spec;
       s.global_scale = globals[c];
-      k.quantize(x.data, dtype, p.rows, p.K, s, q.packed.data<std::uint8_t>(), compact.bytes(), nullptr);
+      if (codes.empty()) {
+        k.quantize(x.data, dtype, p.rows, p.K, s, q.packed.data<std::uint8_t>(), compact.bytes(), nullptr);
+      } else {
+        const std::uint8_t* chosen = codes.data() + c * blocks;
+        std::memcpy(compact.bytes(), chosen, static_cast<std::size_t>(blocks));
+        k.nvfp4_encode(x.data, dtype, blocks, globals[c], chosen, q.packed.data<std::uint8_t>());
+      }
       q.spec.global_scale = s.global_scale;
       return;
     }

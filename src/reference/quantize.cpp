@@ -176,7 +176,8 @@ void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, cons
   }
 }
 
-bool nvfp4_global_errors(const float* x, std::int64_t blocks, const float* globals, int n, double* totals) {
+bool nvfp4_global_errors(const float* x, std::int64_t blocks, const float* globals, int n, double* totals,
+                         std::uint8_t* scales) {
   constexpr int G = numerics::kNvfp4Group;
   for (std::int64_t b = 0; b < blocks; ++b)
     if (!all_finite(x + b * G, G)) return false;
@@ -185,9 +186,26 @@ bool nvfp4_global_errors(const float* x, std::int64_t blocks, const float* globa
   std::fill(totals, totals + n, 0.0);
   for (std::int64_t b = 0; b < blocks; ++b) {
     const float bamax = block_amax(x + b * G, G);
-    for (int c = 0; c < n; ++c) totals[c] += numerics::nvfp4_searched_block_error(x + b * G, bamax, searches[c]);
+    for (int c = 0; c < n; ++c) {
+      const numerics::Nvfp4Search& p = searches[static_cast<std::size_t>(c)];
+      const numerics::BlockScale s = numerics::nvfp4_searched_block_scale(x + b * G, bamax, p, ScaleSearch::mse);
+      totals[c] +=
+          numerics::fp4_block_sq_error(x + b * G, G, s.enc, numerics::nvfp4_decode_factor(s.code, true, p.decode_amax));
+      if (scales) scales[c * blocks + b] = s.code;
+    }
   }
   return true;
+}
+
+void nvfp4_encode(const float* x, std::int64_t blocks, float global_scale, const std::uint8_t* scales,
+                  std::uint8_t* packed) {
+  constexpr int G = numerics::kNvfp4Group;
+  const numerics::Nvfp4Tensor t = numerics::nvfp4_tensor(true, global_scale);
+  std::fill(packed, packed + blocks * G / 2, std::uint8_t{0});  // codes are ORed in
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const float enc = numerics::nvfp4_scale_of_code(scales[b], t).enc;
+    for (int i = 0; i < G; ++i) put_nibble(packed, b * G + i, numerics::encode_e2m1(x[b * G + i] * enc));
+  }
 }
 
 }  // namespace microscale::reference

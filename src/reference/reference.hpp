@@ -24,8 +24,15 @@ void quantize(const float* x, std::int64_t rows, std::int64_t K, DType src, cons
 
 // Three-level nvfp4 mse's global-scale search: totals[c] = the sum over the `blocks` blocks of 16
 // of x of the error mse's block scale leaves under global scale globals[c]
-// (numerics::nvfp4_searched_block_error). False, with totals untouched, when x holds a NaN or Inf.
-bool nvfp4_global_errors(const float* x, std::int64_t blocks, const float* globals, int n, double* totals);
+// (numerics::nvfp4_searched_block_scale's error), and, where scales is not null, scales[c * blocks + b] =
+// the block scale code that search chose for block b. False, with the outputs untouched, when x
+// holds a NaN or Inf.
+bool nvfp4_global_errors(const float* x, std::int64_t blocks, const float* globals, int n, double* totals,
+                         std::uint8_t* scales = nullptr);
+// Three-level nvfp4 element codes of the finite blocks of x under global scale global_scale and
+// the given block scale codes, round-to-nearest (packed as quantize packs them).
+void nvfp4_encode(const float* x, std::int64_t blocks, float global_scale, const std::uint8_t* scales,
+                  std::uint8_t* packed);
 
 // Inverse: compact scales of dtype `scale_dtype` (uint8 for fp modes), biases of the same dtype
 // (affine), output y [rows, K] of dtype `out`.

@@ -304,7 +304,8 @@ TEST(CpuQuantize, ScaleSearchMatchesReference) {
 // Three-level mse's global search (cpu::nvfp4_global_errors): each candidate's total is the sum
 // of the same float32 block errors as the reference's, added in block order within a chunk of
 // 1024 blocks, so totals over at most 1024 blocks match bit for bit (NaN where float32 errors
-// overflow at the extreme global scales). Every finite 16-bit pattern
+// overflow at the extreme global scales), and so do the chosen block scales; encoding the blocks
+// with those scales (cpu::nvfp4_encode) gives the reference's codes. Every finite 16-bit pattern
 // (three layouts), corner-case and heavy-tailed data, whole tiles and a ragged tail, global
 // scales from the candidates' range to the clamps; NaN or Inf anywhere answers false.
 TEST(CpuQuantize, Nvfp4GlobalErrorsMatchReference) {
@@ -342,16 +343,27 @@ TEST(CpuQuantize, Nvfp4GlobalErrorsMatchReference) {
     const std::size_t es = microscale::dtype_size(in.dtype);
     for (std::int64_t b0 = 0; b0 < blocks; b0 += kChunk) {
       const std::int64_t nb = std::min(kChunk, blocks - b0) - (b0 == 0 ? 3 : 0);  // one ragged slice
+      const auto codes_size = static_cast<std::size_t>(n * nb);
       std::vector<double> want(n), got(n);
-      ASSERT_TRUE(ref::nvfp4_global_errors(in.f32.data() + b0 * G, nb, globals.data(), n, want.data()));
+      std::vector<std::uint8_t> want_codes(codes_size), got_codes(codes_size), want_packed(nb * G / 2),
+          got_packed(nb * G / 2);
+      const float* xf = in.f32.data() + b0 * G;
+      ASSERT_TRUE(ref::nvfp4_global_errors(xf, nb, globals.data(), n, want.data(), want_codes.data()));
+      const std::string what = std::string(microscale::dtype_name(in.dtype)) + " blocks " + std::to_string(b0) + "+" +
+                               std::to_string(nb) + " global ";
       for_each_target([&](const std::string& where) {
-        ASSERT_TRUE(
-            cpu::nvfp4_global_errors(in.bytes.data() + b0 * G * es, in.dtype, nb, globals.data(), n, got.data()))
+        const std::byte* xb = in.bytes.data() + b0 * G * es;
+        ASSERT_TRUE(cpu::nvfp4_global_errors(xb, in.dtype, nb, globals.data(), n, got.data(), got_codes.data()))
             << where;
-        for (int c = 0; c < n; ++c)
+        EXPECT_EQ(first_diff(got_codes, want_codes), -1) << what << where;
+        for (int c = 0; c < n; ++c) {
           EXPECT_TRUE(got[c] == want[c] || (std::isnan(got[c]) && std::isnan(want[c])))
-              << got[c] << " != " << want[c] << " " << microscale::dtype_name(in.dtype) << " blocks " << b0 << "+" << nb
-              << " global " << globals[c] << " " << where;
+              << got[c] << " != " << want[c] << " " << what << globals[c] << " " << where;
+          const std::uint8_t* scales = want_codes.data() + c * nb;
+          ref::nvfp4_encode(xf, nb, globals[c], scales, want_packed.data());
+          cpu::nvfp4_encode(xb, in.dtype, nb, globals[c], scales, got_packed.data());
+          EXPECT_EQ(first_diff(got_packed, want_packed), -1) << "encode " << what << globals[c] << " " << where;
+        }
       });
     }
   }
@@ -362,6 +374,6 @@ TEST(CpuQuantize, Nvfp4GlobalErrorsMatchReference) {
   const float g = 1.0f;
   EXPECT_FALSE(ref::nvfp4_global_errors(in.f32.data(), 40, &g, 1, totals));
   for_each_target([&](const std::string& where) {
-    EXPECT_FALSE(cpu::nvfp4_global_errors(in.bytes.data(), DType::float32, 40, &g, 1, totals)) << where;
+    EXPECT_FALSE(cpu::nvfp4_global_errors(in.bytes.data(), DType::float32, 40, &g, 1, totals, nullptr)) << where;
   });
 }
