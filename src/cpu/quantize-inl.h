@@ -535,11 +535,9 @@ HWY_INLINE void Nvfp4SearchBlocks(const float* mags, VI bm, const numerics::Nvfp
   const VF amax = hn::BitCast(df, bm);
   const VF base = hn::Min(hn::Mul(amax, hn::Set(df, t.s_enc * f32_from_bits(kC6Bits))), flt_max);
   const VI s0 = RoundMagnitude<E4M3>(hn::BitCast(di, base));
-  auto factors_of = [&](VI code, VF& enc, VF& dec)
-                        HWY_ATTR MICROSCALE_ALWAYS_INLINE { Nvfp4CodeFactors(code, p, enc, dec); };
   best_code = s0;
   VF dec0;
-  factors_of(s0, best_enc, dec0);
+  Nvfp4CodeFactors(s0, p, best_enc, dec0);
   best_err = Fp4SquaredErrors<G>(mags, amax, best_enc, dec0);
   // A candidate's error is at least its block max's term (a sum of non-negative terms never
   // falls below one of them), so where that term alone reaches the best error in every valid
@@ -547,7 +545,7 @@ HWY_INLINE void Nvfp4SearchBlocks(const float* mags, VI bm, const numerics::Nvfp
   // saturates and mostly loses so; elsewhere it would rarely skip anything.
   auto consider = [&](VI code, auto valid, bool bounded) HWY_ATTR MICROSCALE_ALWAYS_INLINE {
     VF enc, dec;
-    factors_of(code, enc, dec);
+    Nvfp4CodeFactors(code, p, enc, dec);
     if (bounded && hn::AllTrue(df, hn::Or(hn::Not(valid), hn::Ge(Fp4SquaredError<true>(amax, enc, dec), best_err))))
       return;
     const VF err = Fp4SquaredErrors<G>(mags, amax, enc, dec);

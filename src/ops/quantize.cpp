@@ -66,9 +66,10 @@ void quantize_searching_global(const ops::Kernels& k, const detail::Rows& x, DTy
     globals[c] = std::fmin(amax * numerics::kNvfp4GlobalCandidates[c], std::numeric_limits<float>::max());
   const std::int64_t blocks = x.numel / numerics::kNvfp4Group;
   double totals[kCandidates];
-  // Stochastic rounding keys its bits by element: the kernels' quantize writes that.
-  std::vector<std::uint8_t> codes(p.spec.sr_seed ? 0 : static_cast<std::size_t>(kCandidates * blocks));
-  // The CUDA table has no entry: its quantize refuses the search below, naming it.
+  // The CUDA table has no entry: its quantize refuses the search below, naming it. Stochastic
+  // rounding keys its bits by element: the kernels' quantize writes that, not nvfp4_encode.
+  std::vector<std::uint8_t> codes;
+  if (k.nvfp4_global_errors && !p.spec.sr_seed) codes.resize(static_cast<std::size_t>(kCandidates * blocks));
   if (k.nvfp4_global_errors && k.nvfp4_global_errors(x.data, dtype, blocks, globals, kCandidates, totals,
                                                      codes.empty() ? nullptr : codes.data())) {
     const int c = settled_global_choice(totals, kCandidates, blocks, x.numel);
