@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/kernels.hpp"
 #include "cpu/parallel.hpp"
 #include "microscale/microscale.hpp"
 #include "read_pass.hpp"
@@ -131,9 +132,9 @@ void BM_ReadRoofline(benchmark::State& state) {
   for (auto _ : state) {
     const std::uint64_t* b = bufs[i++ % kColdCopies].data();
     std::atomic<std::uint64_t> all{0};
-    ms::cpu::parallel_for(rows, 32, [&](std::int64_t r0, std::int64_t r1) {
-      all ^= bench::xor_words(b + r0 * row_words, (r1 - r0) * row_words);
-    });
+    ms::cpu::parallel_for(
+        rows, ms::cpu::gemv_rows_per_chunk(rows, row_words * 8),
+        [&](std::int64_t r0, std::int64_t r1) { all ^= bench::xor_words(b + r0 * row_words, (r1 - r0) * row_words); });
     benchmark::DoNotOptimize(all.load());
   }
   state.counters["GB/s"] =

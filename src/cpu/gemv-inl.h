@@ -39,8 +39,14 @@ HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int kRowsPerPass = 4;          // rows of x that share one decode of a weight row
-constexpr std::int64_t kGemvGrain = 32;  // weight rows per parallel chunk
+constexpr int kRowsPerPass = 4;  // rows of x that share one decode of a weight row
+
+// Rows per parallel chunk of W (codes, scales and biases per row decide it).
+inline std::int64_t RowsPerChunk(const QuantizedMatrix& w) {
+  const std::int64_t groups = w.cols / w.spec.group_size;
+  const auto scale_bytes = static_cast<std::int64_t>(dtype_size(w.scale_dtype));
+  return gemv_rows_per_chunk(w.rows, w.cols * w.spec.bits / 8 + groups * scale_bytes * (w.biases ? 2 : 1));
+}
 
 // Bytes of codes per decode step of the 4-bit kernels, and the weights they hold.
 constexpr std::size_t kStepBytes = 4 * kN;
@@ -674,7 +680,7 @@ inline void GemvFp4Avx512(const float* x, std::int64_t M, const QuantizedMatrix&
     for (std::int64_t k = 0; k < K; ++k)
       xd[static_cast<std::size_t>(m * K + DeinterleavedIndex(k, K / 128 * 128))] = x[m * K + k];
   const bool nv = w.spec.mode == Mode::nvfp4;
-  parallel_for(N, kGemvGrain, [&](std::int64_t n0, std::int64_t n1) {
+  parallel_for(N, RowsPerChunk(w), [&](std::int64_t n0, std::int64_t n1) {
     for (std::int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
       const float* xm = xd.get() + m0 * K;
       float* ym = y + m0 * N;
@@ -949,7 +955,7 @@ inline void Gemv(const float* x, std::int64_t M, const QuantizedMatrix& w, const
     group_sums = GroupSums(x, M, K, w.spec.group_size);
     in.group_sums = group_sums.data();
   }
-  parallel_for(N, kGemvGrain, [&](std::int64_t n0, std::int64_t n1) {
+  parallel_for(N, RowsPerChunk(w), [&](std::int64_t n0, std::int64_t n1) {
     for (std::int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
       switch (std::min<std::int64_t>(kRowsPerPass, M - m0)) {
         case 1: GemvRows<1>(in, m0, n0, n1); break;

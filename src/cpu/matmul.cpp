@@ -7,12 +7,14 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu/gemm-inl.h"
 #include "cpu/gemv-inl.h"
 #include "cpu/kernels.hpp"
 #include "cpu/linear-inl.h"
+#include "microscale/runtime.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
@@ -38,6 +40,13 @@ namespace microscale::cpu {
 
 HWY_EXPORT(QuantizedMatmul);
 HWY_EXPORT(Linear);
+
+std::int64_t gemv_rows_per_chunk(std::int64_t rows, std::int64_t row_bytes) {
+  constexpr std::int64_t kChunkBytes = std::int64_t{1} << 20, kMinRows = 32;
+  const std::int64_t by_bytes = kChunkBytes / std::max<std::int64_t>(row_bytes, 1);
+  const std::int64_t by_threads = rows / (4 * std::int64_t{num_threads()});
+  return std::max(kMinRows, std::min(by_bytes, by_threads));
+}
 
 void linear(const float* x, std::int64_t M, const void* w, DType w_dtype, std::int64_t N, std::int64_t K,
             const float* bias, float* y) {
