@@ -24,7 +24,7 @@ namespace microscale::cpu::HWY_NAMESPACE {
 void Quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const QuantSpec& spec, std::uint8_t* packed,
               std::byte* scales, std::byte* biases) {
   const std::int64_t blocks = rows * (K / spec.group_size);
-  // 64 Ki elements per chunk, as the benchmarks' stream twin reads them (16 Ki ran 10-20% slower on
+  // 64 Ki elements per chunk, as the benchmarks' stream twin reads them (16 Ki ran 10-25% slower on
   // Zen 4: each chunk restarts the read streams); a multiple of every target's tile (up to 16
   // blocks), so only the last chunk has a partial tile.
   const std::int64_t grain = std::max<std::int64_t>(16, 65536 / spec.group_size / 16 * 16);
