@@ -8,7 +8,8 @@
 //
 //   microscale_op_once gemv MODE N K [M] [x dtype: f32|bf16|f16]   quantized_matmul, W [N, K]
 //   microscale_op_once quantize MODE ROWS K [dtype: f32|bf16]       quantize (nvfp4: three-level)
-// MODE: nvfp4, mxfp4, mxfp8, mxfp8-e5m2, affine4-g64, affine8-g64.
+// MODE: nvfp4, mxfp4, mxfp8, mxfp8-e5m2, affine4-g64, affine8-g64; nvfp4-mse and mxfp4-mse search
+// the scales.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,11 @@ namespace {
 
 ms::QuantSpec spec_of(const std::string& mode) {
   ms::QuantSpec s;
+  if (mode.ends_with("-mse")) {
+    s = spec_of(mode.substr(0, mode.size() - 4));
+    s.scale_search = ms::ScaleSearch::mse;
+    return s;
+  }
   if (mode == "mxfp8-e5m2") {
     s.mode = ms::Mode::mxfp8;
     s.elem = ms::Elem::e5m2;

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/convert.hpp"
@@ -453,29 +454,39 @@ HWY_INLINE void Nvfp4CodeFactors(VI code, const numerics::Nvfp4Search& p, VF& en
 #if !HWY_HAVE_SCALABLE
 // Per lane b and code k: numerics::fp4_block_sq_error of block b under the factors enc[k],
 // dec[k], as Fp4SquaredErrors; the kP sums advance together so that their dependent additions
-// overlap.
-template <bool kSaturate, std::size_t kP>
-HWY_INLINE void Fp4SquaredErrorsInterleaved(const float* mags, const VF (&enc)[kP], const VF (&dec)[kP],
-                                            VF (&err)[kP]) {
+// overlap. Bit k of kSaturate: code k's terms saturate y first.
+template <unsigned kSaturate, std::size_t kP, std::size_t... kK>
+HWY_INLINE void Fp4SquaredErrorsInterleaved(const float* mags, const VF (&enc)[kP], const VF (&dec)[kP], VF (&err)[kP],
+                                            std::index_sequence<kK...>) {
   const DF df;
   for (VF& e : err) e = hn::Zero(df);
   for (std::size_t i = 0; i < numerics::kNvfp4Group; ++i) {
     const VF a = hn::Load(df, mags + i * kN);
-    for (std::size_t k = 0; k < kP; ++k) err[k] = hn::Add(err[k], Fp4SquaredError<kSaturate>(a, enc[k], dec[k]));
+    ((err[kK] = hn::Add(err[kK], Fp4SquaredError<((kSaturate >> kK) & 1) != 0>(a, enc[kK], dec[kK]))), ...);
   }
 }
 
-template <std::size_t kP>
+// The same, saturating only the codes whose factors may take some block max to ROUNDS_TO_MAX:
+// mse's codes below round-to-nearest's (bits kBelow) mostly do, the others (whose max lands near
+// 6 or lower) only on subnormal block scales, so one test per group spares most terms the min.
+template <unsigned kBelow, std::size_t kP>
 HWY_INLINE void Fp4SquaredErrorsInterleaved(const float* mags, VF amax, const VF (&enc)[kP], const VF (&dec)[kP],
                                             VF (&err)[kP]) {
   const DF df;
-  auto saturates = hn::Ge(hn::Mul(amax, enc[0]), hn::Set(df, E2M1::ROUNDS_TO_MAX));
-  for (std::size_t k = 1; k < kP; ++k)
-    saturates = hn::Or(saturates, hn::Ge(hn::Mul(amax, enc[k]), hn::Set(df, E2M1::ROUNDS_TO_MAX)));
-  if (hn::AllFalse(df, saturates))
-    Fp4SquaredErrorsInterleaved<false>(mags, enc, dec, err);
+  constexpr unsigned kAll = (1u << kP) - 1;
+  auto saturates = [&](unsigned group) HWY_ATTR {  // fl(amax * enc) grows with enc
+    VF most = hn::Zero(df);
+    for (std::size_t k = 0; k < kP; ++k)
+      if ((group >> k) & 1) most = hn::Max(most, enc[k]);
+    return !hn::AllFalse(df, hn::Ge(hn::Mul(amax, most), hn::Set(df, E2M1::ROUNDS_TO_MAX)));
+  };
+  const auto codes = std::make_index_sequence<kP>();
+  if (saturates(kAll & ~kBelow))
+    Fp4SquaredErrorsInterleaved<kAll>(mags, enc, dec, err, codes);
+  else if (saturates(kBelow))
+    Fp4SquaredErrorsInterleaved<kBelow>(mags, enc, dec, err, codes);
   else
-    Fp4SquaredErrorsInterleaved<true>(mags, enc, dec, err);
+    Fp4SquaredErrorsInterleaved<0>(mags, enc, dec, err, codes);
 }
 
 // mse's search (Nvfp4SearchBlocks) with its six codes evaluated together: the chosen codes, their
@@ -497,7 +508,7 @@ HWY_INLINE void Nvfp4MseBlocks(const float* mags, VI bm, const numerics::Nvfp4Se
                        RoundMagnitude<E4M3>(hn::BitCast(di, hn::Mul(base, hn::Set(df, 1.5f))))};
   VF enc[6], dec[6], err[6];
   for (std::size_t k = 0; k < 6; ++k) Nvfp4CodeFactors(codes[k], p, enc[k], dec[k]);
-  Fp4SquaredErrorsInterleaved(mags, amax, enc, dec, err);
+  Fp4SquaredErrorsInterleaved<0b01010>(mags, amax, enc, dec, err);  // s0-1 and s0-2
   // Strictly lower errors replace the best in that order.
   const VI max_code = hn::Set(di, E4M3::MAX_CODE);
   best_code = codes[0];
