@@ -24,12 +24,12 @@ namespace ms = microscale;
 namespace {
 
 ms::QuantSpec spec_of(const std::string& mode) {
-  ms::QuantSpec s;
   if (mode.ends_with("-mse")) {
-    s = spec_of(mode.substr(0, mode.size() - 4));
+    ms::QuantSpec s = spec_of(mode.substr(0, mode.size() - 4));
     s.scale_search = ms::ScaleSearch::mse;
     return s;
   }
+  ms::QuantSpec s;
   if (mode == "mxfp8-e5m2") {
     s.mode = ms::Mode::mxfp8;
     s.elem = ms::Elem::e5m2;

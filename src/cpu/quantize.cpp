@@ -21,14 +21,15 @@
 HWY_BEFORE_NAMESPACE();
 namespace microscale::cpu::HWY_NAMESPACE {
 
+// Blocks of group_size per parallel chunk of the encoders: 64 Ki elements, as the benchmarks' stream
+// twin reads them (16 Ki ran 10-25% slower on Zen 4: each chunk restarts the read streams); a
+// multiple of every target's tile (up to 16 blocks), so only the last chunk has a partial tile.
+std::int64_t EncodeGrain(std::int64_t group_size) { return std::max<std::int64_t>(16, 65536 / group_size / 16 * 16); }
+
 void Quantize(const void* x, DType src, std::int64_t rows, std::int64_t K, const QuantSpec& spec, std::uint8_t* packed,
               std::byte* scales, std::byte* biases) {
   const std::int64_t blocks = rows * (K / spec.group_size);
-  // 64 Ki elements per chunk, as the benchmarks' stream twin reads them (16 Ki ran 10-25% slower on
-  // Zen 4: each chunk restarts the read streams); a multiple of every target's tile (up to 16
-  // blocks), so only the last chunk has a partial tile.
-  const std::int64_t grain = std::max<std::int64_t>(16, 65536 / spec.group_size / 16 * 16);
-  parallel_for(blocks, grain,
+  parallel_for(blocks, EncodeGrain(spec.group_size),
                [&](std::int64_t b0, std::int64_t b1) { QuantizeBlocks(x, src, spec, b0, b1, packed, scales, biases); });
 }
 
@@ -55,8 +56,7 @@ bool Nvfp4GlobalErrors(const void* x, DType src, std::int64_t blocks, const floa
 
 void Nvfp4Encode(const void* x, DType src, std::int64_t blocks, float global_scale, const std::uint8_t* scales,
                  std::uint8_t* packed) {
-  // As Quantize: 64 Ki elements per chunk, whole tiles.
-  parallel_for(blocks, 4096, [&](std::int64_t b0, std::int64_t b1) {
+  parallel_for(blocks, EncodeGrain(numerics::kNvfp4Group), [&](std::int64_t b0, std::int64_t b1) {
     Nvfp4EncodeBlocks(x, src, b0, b1, global_scale, scales, packed);
   });
 }
