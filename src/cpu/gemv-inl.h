@@ -567,6 +567,27 @@ HWY_INLINE __m512 ScaleFactors16(const std::uint8_t* codes, const QuantSpec& s) 
   return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xFF)), _mm512_castsi512_ps(bits), nan);
 }
 
+// The E4M3 values of 16 scale codes, for rows without a NaN code (AnyNanScale): the sign-extended
+// code shifted left by 20, with the sign's copies above bit 27 masked off, is the value times
+// 2^-120, as in ScaleFactors16, in three operations where that takes five and a NaN blend.
+HWY_INLINE __m512 E4M3Values16(const std::uint8_t* codes) {
+  const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(c, 20), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
+}
+
+// Whether n E4M3 scale codes hold a NaN (0x7F or 0xFF).
+HWY_INLINE bool AnyNanScale(const std::uint8_t* codes, std::int64_t n) {
+  const __m512i magnitude = _mm512_set1_epi8(0x7F);
+  __mmask64 nan = 0;
+  for (std::int64_t i = 0; i < n; i += 64) {
+    const __mmask64 in_range = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
+    const __m512i c = _mm512_and_si512(_mm512_maskz_loadu_epi8(in_range, codes + i), magnitude);
+    nan |= _mm512_mask_cmpeq_epi8_mask(in_range, c, magnitude);
+  }
+  return nan != 0;
+}
+
 // Where x[k] goes in the deinterleaved copy, given the row's 128-value blocks end at k128.
 //  - Inside a 128-value block, 64 code bytes load as 16 dwords with no shuffle: dword l holds the
 //    8 codes of k = 8l .. 8l+7, and shifting it right by 4j leaves code 8l+j in its low 4 bits,
@@ -597,19 +618,23 @@ constexpr SpreadTables MakeSpreadTables() {
 }
 constexpr SpreadTables kSpread = MakeSpreadTables();
 
-// Float32 factors of groups [g, g + 16) of a row, zero-padded past its last group.
+// Float32 factors of groups [g, g + 16) of a row, zero-padded past its last group: as dequantize
+// forms them, or (kE4M3Values) the nvfp4 E4M3 values alone.
+template <bool kE4M3Values>
 HWY_INLINE __m512 RowFactors(const std::uint8_t* row_codes, std::int64_t groups, std::int64_t g, const QuantSpec& s) {
-  if (groups - g >= 16) return ScaleFactors16(row_codes + g, s);
+  if (groups - g >= 16) return kE4M3Values ? E4M3Values16(row_codes + g) : ScaleFactors16(row_codes + g, s);
   HWY_ALIGN std::uint8_t tail[16] = {};
   std::memcpy(tail, row_codes + g, static_cast<std::size_t>(groups - g));
-  return ScaleFactors16(tail, s);
+  return kE4M3Values ? E4M3Values16(tail) : ScaleFactors16(tail, s);
 }
 
 // Rows [n0, n1) of an nvfp4 / mxfp4 W against kM rows of x laid out by DeinterleavedIndex. Per
 // block, t = sum of x times E2M1 values, then acc += t * (factor of each lane's group).
-template <int kM, bool kNv>
-void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, std::int64_t n0, std::int64_t n1, const float* bias,
-                       float* y) {
+// kE4M3Values (nvfp4 rows without a NaN scale code): the factors are the E4M3 values, and each
+// row's sum is multiplied by row_factor (GemvFp4Avx512 says when).
+template <int kM, bool kNv, bool kE4M3Values>
+void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, float row_factor, std::int64_t n0, std::int64_t n1,
+                       const float* bias, float* y) {
   constexpr std::int64_t kGroup = kNv ? numerics::kNvfp4Group : numerics::kMxGroup;
   constexpr std::int64_t kBlocksPerFactors = kNv ? 2 : 4;  // 128-value blocks covered by 16 groups
   const std::int64_t K = w.cols, N = w.rows;
@@ -623,7 +648,7 @@ void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, std::int64_t n
     __m512 acc[kM];
     for (int m = 0; m < kM; ++m) acc[m] = _mm512_setzero_ps();
     for (std::int64_t b0 = 0; b0 < blocks; b0 += kBlocksPerFactors) {
-      const __m512 factors = RowFactors(sc, groups, b0 * 128 / kGroup, w.spec);
+      const __m512 factors = RowFactors<kE4M3Values>(sc, groups, b0 * 128 / kGroup, w.spec);
       _mm_prefetch(reinterpret_cast<const char*>(sc + b0 * 128 / kGroup + 512), _MM_HINT_T0);
       const std::int64_t b1 = std::min(blocks, b0 + kBlocksPerFactors);
       for (std::int64_t b = b0; b < b1; ++b) {
@@ -653,7 +678,7 @@ void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, std::int64_t n
     // Leftover 32-value chunks (K not a multiple of 128).
     for (std::int64_t c = blocks * 4; c < K / 32; ++c) {
       const std::int64_t g = c * 32 / kGroup;
-      const __m512 chunk_factors = RowFactors(sc, groups, g, w.spec);
+      const __m512 chunk_factors = RowFactors<kE4M3Values>(sc, groups, g, w.spec);
       const __m512 f = kNv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk), chunk_factors)
                            : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 16)));
@@ -666,7 +691,7 @@ void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, std::int64_t n
       }
     }
     for (int m = 0; m < kM; ++m) {
-      const float v = _mm512_reduce_add_ps(acc[m]);
+      const float v = kE4M3Values ? _mm512_reduce_add_ps(acc[m]) * row_factor : _mm512_reduce_add_ps(acc[m]);
       y[m * N + n] = bias ? v + bias[n] : v;
     }
   }
@@ -680,14 +705,30 @@ inline void GemvFp4Avx512(const float* x, std::int64_t M, const QuantizedMatrix&
     for (std::int64_t k = 0; k < K; ++k)
       xd[static_cast<std::size_t>(m * K + DeinterleavedIndex(k, K / 128 * 128))] = x[m * K + k];
   const bool nv = w.spec.mode == Mode::nvfp4;
+  bool x_moderate = true;  // every |x| <= 2^64 (false for NaN)
+  if (nv)
+    for (std::int64_t i = 0; i < M * K; ++i) x_moderate &= std::fabs(x[i]) <= 0x1p64f;
+  // nvfp4 factors as E4M3 values, each row's sum times amax * C2688 (1 when two-level): two
+  // multiplies and the NaN blend fewer per 16 groups. In exact arithmetic that is dequantize's
+  // factor (val(s) * amax) * C2688; in float32 the two differ by three roundings at most (under
+  // 2^-22 relative per product, docs/numerics.md). Taken where neither form can overflow or lose bits to underflow:
+  // amax in [2^-64, 2^64] and every |x| <= 2^64 (all real checkpoints and activations), in thread chunks without a NaN
+  // scale code; elsewhere the exact factors.
+  const std::optional<float>& amax = w.spec.global_scale;
+  const bool values = nv && x_moderate && (!amax || (*amax >= 0x1p-64f && *amax <= 0x1p64f));
+  const float row_factor = amax ? *amax * f32_from_bits(kC2688Bits) : 1.0f;
+  const std::int64_t groups = K / numerics::kNvfp4Group;
   parallel_for(N, RowsPerChunk(w), [&](std::int64_t n0, std::int64_t n1) {
+    const bool chunk_values =
+        values && !AnyNanScale(reinterpret_cast<const std::uint8_t*>(w.scales) + n0 * groups, (n1 - n0) * groups);
     for (std::int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
       const float* xm = xd.get() + m0 * K;
       float* ym = y + m0 * N;
       auto rows = [&](auto m) HWY_ATTR {
         constexpr int kM = decltype(m)::value;
-        return nv ? GemvRowsFp4Avx512<kM, true>(xm, w, n0, n1, bias, ym)
-                  : GemvRowsFp4Avx512<kM, false>(xm, w, n0, n1, bias, ym);
+        if (!nv) return GemvRowsFp4Avx512<kM, false, false>(xm, w, 0.0f, n0, n1, bias, ym);
+        if (chunk_values) return GemvRowsFp4Avx512<kM, true, true>(xm, w, row_factor, n0, n1, bias, ym);
+        GemvRowsFp4Avx512<kM, true, false>(xm, w, 0.0f, n0, n1, bias, ym);
       };
       switch (std::min<std::int64_t>(kRowsPerPass, M - m0)) {
         case 1: rows(std::integral_constant<int, 1>{}); break;

@@ -258,6 +258,35 @@ TEST(Gemv, NonFiniteCodesScalesAndActivations) {
   }
 }
 
+// Three-level nvfp4 where a factor taken apart (the E4M3 value times the partial sum, the row's sum
+// times amax * C2688) would overflow where dequantize's (val(s) * amax) * C2688 does not, or the
+// reverse: a global scale of 2^125 (factors of scale 448 are Inf, so rows turn Inf or NaN), and
+// activations of 2^120 against the scale-448 block of a weight whose amax is below 1.
+TEST(Gemv, Nvfp4FactorsAtTheEdgesOfFloat32) {
+  const std::int64_t N = 6, K = 256;
+  QuantSpec s;
+  s.mode = Mode::nvfp4;
+  const auto w = randn(static_cast<std::size_t>(N * K), 21, 0.05f);
+  const TensorView wv(w.data(), DType::float32, {N, K});
+  s.global_scale = 0x1p125f;
+  ms::Quantized huge = ms::quantize(wv, s);
+  auto* scales = huge.scales.data<std::uint8_t>();
+  for (std::int64_t i = 0; i < huge.scales.numel(); ++i) scales[i] = static_cast<std::uint8_t>(0x30 + i % 0x4F);
+  s.global_scale = ms::global_scale(wv);
+  const ms::Quantized moderate = ms::quantize(wv, s);
+  std::vector<float> xv = randn(static_cast<std::size_t>(2 * K), 22, 1.0f);
+  for (std::int64_t k = 0; k < K; ++k) xv[static_cast<std::size_t>(K + k)] = k % 2 ? 0x1p120f : -0x1p120f;
+  const X x = make_x(xv, DType::float32);
+  for (const ms::Quantized* q : {static_cast<const ms::Quantized*>(&huge), &moderate}) {
+    const std::vector<float> wd = as_f32(ms::dequantize(*q, DType::float32));
+    const std::int64_t M = q == &huge ? 1 : 2;  // 2^120 x against 2^125 factors: beyond float32 anyway
+    mst::for_each_backend([&] {
+      SCOPED_TRACE(q == &huge ? "global scale 2^125" : "x = 2^120");
+      expect_gemv(as_f32(ms::quantized_matmul(x.view(M, K), *q, true)), DType::float32, x, wd, {}, M, N, K);
+    });
+  }
+}
+
 // A row's result does not depend on which rows are computed with it (kernels may decode rows in
 // pairs, and a thread's chunk may start on either row of a pair): the GEMV of rows 1..N-1 alone,
 // quantized on their own (every mode quantizes rows independently), gives bit for bit what the
