@@ -697,13 +697,126 @@ void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, float row_fact
   }
 }
 
+// bfloat16 activations on AVX512_BF16 CPUs (Zen 4, Sapphire Rapids): when every x is a bfloat16
+// value (its low 16 bits zero, as for activations that came as bfloat16), vdpbf16ps multiplies
+// pairs of x by pairs of E2M1 values looked up as bfloat16: 3 word shifts and 4 vpermw per 128
+// weights where the float32 path takes 7 shifts and 8 vpermps. Each product is exact and the lane
+// sums are the float32 path's. The instruction reads subnormal inputs as 0 and flushes subnormal
+// sums to 0, so it is taken only where every nonzero |x| is at least 2^-118 (and finite): x is then
+// a multiple of 2^-125 and each value one of 2^-1, so every product and partial sum is a multiple
+// of 2^-126 and none is subnormal. K is a multiple of 128.
+// Whether the CPU has AVX512_BF16 (Highway's AVX3_DL target does not imply it).
+inline bool CpuHasAvx512Bf16() {
+  static const bool has = [] {
+    __builtin_cpu_init();  // also when first called from a constructor
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
+}
+
+// The E2M1 values as bfloat16, twice (vpermw reads 5 index bits).
+struct Bf16E2M1Table {
+  HWY_ALIGN std::uint16_t words[32];
+};
+constexpr Bf16E2M1Table MakeBf16E2M1Table() {
+  Bf16E2M1Table t{};
+  for (int i = 0; i < 32; ++i)
+    t.words[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(numerics::kE2M1Values[i % 16]) >> 16);
+  return t;
+}
+constexpr Bf16E2M1Table kBf16E2M1 = MakeBf16E2M1Table();
+
+// Whether every x qualifies for the bfloat16 path (see above).
+inline bool Bf16Activations(const float* x, std::int64_t n) {
+  bool ok = true;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(x[i]);
+    const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+    ok &= (bits & 0xFFFFu) == 0 && (magnitude == 0 || (magnitude >= 0x04800000u && magnitude < 0x7F800000u));
+  }
+  return ok;
+}
+
+// Where x[k] goes among the bfloat16 pairs: in the 128-value block of k, vector j = k % 4 of 32
+// words, whose dword i pairs x[8i + j] (even word) with x[8i + 4 + j], as the codes' 16-bit words
+// shifted right by 4j put code 8i + j and 8i + 4 + j in the words of dword i.
+inline std::int64_t Bf16PairIndex(std::int64_t k) {
+  const std::int64_t r = k % 128, i = r / 8, j = r % 4, odd = (r % 8) / 4;
+  return k - r + 32 * j + 2 * i + odd;
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+#define MICROSCALE_ATTR_BF16 __attribute__((target("avx512bf16")))
+// GemvRowsFp4Avx512 against bfloat16 pairs of x (Bf16PairIndex), K a multiple of 128.
+template <int kM, bool kNv, bool kE4M3Values>
+MICROSCALE_ATTR_BF16 void GemvRowsFp4Bf16(const std::uint16_t* xb, const QuantizedMatrix& w, float row_factor,
+                                          std::int64_t n0, std::int64_t n1, const float* bias, float* y) {
+  constexpr std::int64_t kGroup = kNv ? numerics::kNvfp4Group : numerics::kMxGroup;
+  constexpr std::int64_t kBlocksPerFactors = kNv ? 2 : 4;
+  const std::int64_t K = w.cols, N = w.rows;
+  const std::int64_t groups = K / kGroup;
+  const std::int64_t blocks = K / 128;
+  const std::uint32_t(*spread)[16] = kNv ? kSpread.nvfp4 : kSpread.mx;
+  const __m512i table = _mm512_load_si512(kBf16E2M1.words);
+  for (std::int64_t n = n0; n < n1; ++n) {
+    const std::uint8_t* p = w.packed + n * (K / 2);
+    const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;
+    __m512 acc[kM];
+    for (int m = 0; m < kM; ++m) acc[m] = _mm512_setzero_ps();
+    for (std::int64_t b0 = 0; b0 < blocks; b0 += kBlocksPerFactors) {
+      const __m512 factors = RowFactors<kE4M3Values>(sc, groups, b0 * 128 / kGroup, w.spec);
+      _mm_prefetch(reinterpret_cast<const char*>(sc + b0 * 128 / kGroup + 512), _MM_HINT_T0);
+      const std::int64_t b1 = std::min(blocks, b0 + kBlocksPerFactors);
+      for (std::int64_t b = b0; b < b1; ++b) {
+        const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[b - b0]), factors);
+        _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T1);
+        const __m512i codes = _mm512_loadu_si512(p + b * 64);
+        const __m512bh v0 = (__m512bh)_mm512_permutexvar_epi16(codes, table);
+        const __m512bh v1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
+        const __m512bh v2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 8), table);
+        const __m512bh v3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 12), table);
+        for (int m = 0; m < kM; ++m) {
+          const std::uint16_t* xm = xb + m * K + b * 128;
+          auto x_vec = [&](int j) HWY_ATTR MICROSCALE_ATTR_BF16 { return (__m512bh)_mm512_load_si512(xm + 32 * j); };
+          __m512 t0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v0, x_vec(0));
+          __m512 t1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v1, x_vec(1));
+          t0 = _mm512_dpbf16_ps(t0, v2, x_vec(2));
+          t1 = _mm512_dpbf16_ps(t1, v3, x_vec(3));
+          acc[m] = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), f, acc[m]);
+        }
+      }
+    }
+    for (int m = 0; m < kM; ++m) {
+      float v = _mm512_reduce_add_ps(acc[m]);
+      if constexpr (kE4M3Values) v *= row_factor;
+      y[m * N + n] = bias ? v + bias[n] : v;
+    }
+  }
+}
+#endif
+
 // x rearranged once per call for the AVX-512 path, then rows of x in passes of up to 4.
 inline void GemvFp4Avx512(const float* x, std::int64_t M, const QuantizedMatrix& w, const float* bias, float* y) {
   const std::int64_t K = w.cols, N = w.rows;
-  auto xd = hwy::AllocateAligned<float>(static_cast<std::size_t>(M * K));
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t k = 0; k < K; ++k)
-      xd[static_cast<std::size_t>(m * K + DeinterleavedIndex(k, K / 128 * 128))] = x[m * K + k];
+#if HWY_TARGET == HWY_AVX3_DL
+  const bool bf16 = K % 128 == 0 && CpuHasAvx512Bf16() && Bf16Activations(x, M * K);
+#else
+  constexpr bool bf16 = false;
+#endif
+  hwy::AlignedFreeUniquePtr<float[]> xd;
+  hwy::AlignedFreeUniquePtr<std::uint16_t[]> xb;
+  if (bf16) {
+    xb = hwy::AllocateAligned<std::uint16_t>(static_cast<std::size_t>(M * K));
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t k = 0; k < K; ++k)
+        xb[static_cast<std::size_t>(m * K + Bf16PairIndex(k))] =
+            static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(x[m * K + k]) >> 16);
+  } else {
+    xd = hwy::AllocateAligned<float>(static_cast<std::size_t>(M * K));
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t k = 0; k < K; ++k)
+        xd[static_cast<std::size_t>(m * K + DeinterleavedIndex(k, K / 128 * 128))] = x[m * K + k];
+  }
   const bool nv = w.spec.mode == Mode::nvfp4;
   bool x_moderate = true;  // every |x| <= 2^64 (false for NaN)
   if (nv)
@@ -722,10 +835,18 @@ inline void GemvFp4Avx512(const float* x, std::int64_t M, const QuantizedMatrix&
     const bool chunk_values =
         values && !AnyNanScale(reinterpret_cast<const std::uint8_t*>(w.scales) + n0 * groups, (n1 - n0) * groups);
     for (std::int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
-      const float* xm = xd.get() + m0 * K;
       float* ym = y + m0 * N;
       auto rows = [&](auto m) HWY_ATTR {
         constexpr int kM = decltype(m)::value;
+#if HWY_TARGET == HWY_AVX3_DL
+        if (bf16) {
+          const std::uint16_t* xm = xb.get() + m0 * K;
+          if (!nv) return GemvRowsFp4Bf16<kM, false, false>(xm, w, 0.0f, n0, n1, bias, ym);
+          if (chunk_values) return GemvRowsFp4Bf16<kM, true, true>(xm, w, row_factor, n0, n1, bias, ym);
+          return GemvRowsFp4Bf16<kM, true, false>(xm, w, 0.0f, n0, n1, bias, ym);
+        }
+#endif
+        const float* xm = xd.get() + m0 * K;
         if (!nv) return GemvRowsFp4Avx512<kM, false, false>(xm, w, 0.0f, n0, n1, bias, ym);
         if (chunk_values) return GemvRowsFp4Avx512<kM, true, true>(xm, w, row_factor, n0, n1, bias, ym);
         GemvRowsFp4Avx512<kM, true, false>(xm, w, 0.0f, n0, n1, bias, ym);

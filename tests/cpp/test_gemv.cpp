@@ -287,6 +287,46 @@ TEST(Gemv, Nvfp4FactorsAtTheEdgesOfFloat32) {
   }
 }
 
+// bfloat16 activations where K is a multiple of 128, which AVX512_BF16 CPUs multiply as bfloat16
+// pairs (float32 x that is bfloat16-exact included), and the activations that keep them on the
+// float32 path: a nonzero |x| below 2^-118 (the instruction could flush its products), NaN and Inf. Each row
+// of x at its own scale; one nvfp4 row holds a NaN scale code.
+TEST(Gemv, Bfloat16ActivationsMatchFloat64) {
+  const std::int64_t N = 19;
+  for (const Case& c : cases()) {
+    if (c.spec.mode != Mode::nvfp4 && c.spec.mode != Mode::mxfp4) continue;
+    for (const std::int64_t K : {128, 384, 2048}) {
+      const auto w = weights(N, K, static_cast<std::uint32_t>(K + 1), true);
+      ms::Quantized q = quantize_case(c, w, N, K);
+      if (c.spec.mode == Mode::nvfp4) q.scales.data<std::uint8_t>()[5 * (K / 16) + 2] = 0xFF;
+      const std::vector<float> wd = as_f32(ms::dequantize(q, DType::float32));
+      for (const float odd : {1.0f, 0x1p-118f, 0x1p-119f, 0x1p-126f, 0x1p100f, NAN, INFINITY}) {
+        for (const std::int64_t M : {1, 3, 4, 8}) {
+          std::vector<float> xv = randn(static_cast<std::size_t>(M * K), static_cast<std::uint32_t>(M), 1.0f);
+          for (std::int64_t i = 0; i < M * K; ++i)
+            xv[static_cast<std::size_t>(i)] *= std::ldexp(1.0f, static_cast<int>(i / K) * 3 - 6);
+          xv[static_cast<std::size_t>(K / 2)] = odd;
+          if (odd == 0x1p-126f)  // a row of the smallest normals, whose products are subnormal
+            for (std::int64_t k = 0; k < K; ++k) xv[static_cast<std::size_t>(k)] = k % 3 ? odd : -odd;
+          xv[static_cast<std::size_t>(M * K - 1)] = 0.0f;
+          // bfloat16 values either way; the tiny row's results are subnormal, which a bfloat16
+          // output would round beyond the budget, so it takes float32 x (the same kernel path).
+          for (const DType dt : {DType::float32, DType::bfloat16}) {
+            if (odd == 0x1p-126f && dt == DType::bfloat16) break;
+            const X x = make_x(make_x(xv, DType::bfloat16).f32, dt);
+            mst::for_each_backend([&] {
+              SCOPED_TRACE(c.name + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
+                           " odd=" + std::to_string(odd) + " x=" + ms::dtype_name(dt));
+              const ms::Tensor y = ms::quantized_matmul(x.view(M, K), q, true);
+              expect_gemv(as_f32(y), y.dtype(), x, wd, {}, M, N, K);
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
 // A row's result does not depend on which rows are computed with it (kernels may decode rows in
 // pairs, and a thread's chunk may start on either row of a pair): the GEMV of rows 1..N-1 alone,
 // quantized on their own (every mode quantizes rows independently), gives bit for bit what the
