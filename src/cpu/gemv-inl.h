@@ -628,24 +628,25 @@ HWY_INLINE __m512 RowFactors(const std::uint8_t* row_codes, std::int64_t groups,
   return kE4M3Values ? E4M3Values16(tail) : ScaleFactors16(tail, s);
 }
 
-// Rows [n0, n1) of an nvfp4 / mxfp4 W against kM rows of x laid out by DeinterleavedIndex. Per
-// block, t = sum of x times E2M1 values, then acc += t * (factor of each lane's group).
-// kE4M3Values (nvfp4 rows without a NaN scale code): the factors are the E4M3 values, and each
-// row's sum is multiplied by row_factor (GemvFp4Avx512 says when).
-template <int kM, bool kNv, bool kE4M3Values>
-void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, float row_factor, std::int64_t n0, std::int64_t n1,
-                       const float* bias, float* y) {
+// Rows [n0, n1) of an nvfp4 / mxfp4 W against Products::kM rows of x. Per 128-value block,
+// products.Block gives each row of x its lane sums of x times E2M1 values, and acc += sums *
+// (factor of each lane's group); products.Chunk does the same for the 32-value chunks after the
+// last block. kE4M3Values (nvfp4 rows without a NaN scale code): the factors are the E4M3 values,
+// and each row's sum is multiplied by row_factor (GemvFp4Avx512 says when).
+template <bool kNv, bool kE4M3Values, class Products>
+HWY_INLINE void Fp4Rows(const Products& products, const QuantizedMatrix& w, float row_factor, std::int64_t n0,
+                        std::int64_t n1, const float* bias, float* y) {
+  constexpr int kM = Products::kM;
   constexpr std::int64_t kGroup = kNv ? numerics::kNvfp4Group : numerics::kMxGroup;
   constexpr std::int64_t kBlocksPerFactors = kNv ? 2 : 4;  // 128-value blocks covered by 16 groups
   const std::int64_t K = w.cols, N = w.rows;
   const std::int64_t groups = K / kGroup;
   const std::int64_t blocks = K / 128;
   const std::uint32_t(*spread)[16] = kNv ? kSpread.nvfp4 : kSpread.mx;
-  const __m512 table = _mm512_load_ps(numerics::kE2M1Values);
   for (std::int64_t n = n0; n < n1; ++n) {
     const std::uint8_t* p = w.packed + n * (K / 2);
     const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;
-    __m512 acc[kM];
+    __m512 acc[kM], sums[kM];
     for (int m = 0; m < kM; ++m) acc[m] = _mm512_setzero_ps();
     for (std::int64_t b0 = 0; b0 < blocks; b0 += kBlocksPerFactors) {
       const __m512 factors = RowFactors<kE4M3Values>(sc, groups, b0 * 128 / kGroup, w.spec);
@@ -655,56 +656,84 @@ void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, float row_fact
         const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[b - b0]), factors);
         // Software prefetch a few KB ahead: one core's hardware prefetch alone left the DRAM
         // stream short of the two-thread bandwidth.
-        _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T0);
-        const __m512i codes = _mm512_loadu_si512(p + b * 64);
-        // Two partial sums per row of x halve the FMA dependency chain of a block.
-        __m512 t0[kM], t1[kM];
-        auto step = [&](auto j) HWY_ATTR {
-          constexpr int kJ = decltype(j)::value;
-          const __m512 v = _mm512_permutexvar_ps(kJ ? _mm512_srli_epi32(codes, 4 * kJ) : codes, table);
-          for (int m = 0; m < kM; ++m) {
-            const __m512 xj = _mm512_load_ps(xd + m * K + b * 128 + 16 * kJ);
-            __m512& t = kJ % 2 ? t1[m] : t0[m];
-            t = kJ < 2 ? _mm512_mul_ps(xj, v) : _mm512_fmadd_ps(xj, v, t);
-          }
-        };
-        step(std::integral_constant<int, 0>{}), step(std::integral_constant<int, 1>{});
-        step(std::integral_constant<int, 2>{}), step(std::integral_constant<int, 3>{});
-        step(std::integral_constant<int, 4>{}), step(std::integral_constant<int, 5>{});
-        step(std::integral_constant<int, 6>{}), step(std::integral_constant<int, 7>{});
-        for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(_mm512_add_ps(t0[m], t1[m]), f, acc[m]);
+        _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), Products::kCodeHint);
+        products.Block(b, _mm512_loadu_si512(p + b * 64), sums);
+        for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(sums[m], f, acc[m]);
       }
     }
-    // Leftover 32-value chunks (K not a multiple of 128).
-    for (std::int64_t c = blocks * 4; c < K / 32; ++c) {
-      const std::int64_t g = c * 32 / kGroup;
-      const __m512 chunk_factors = RowFactors<kE4M3Values>(sc, groups, g, w.spec);
-      const __m512 f = kNv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk), chunk_factors)
-                           : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
-      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 16)));
-      const __m512 even = _mm512_permutexvar_ps(bytes, table);
-      const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-      for (int m = 0; m < kM; ++m) {
-        const __m512 t = _mm512_fmadd_ps(_mm512_load_ps(xd + m * K + c * 32 + 16), odd,
-                                         _mm512_mul_ps(_mm512_load_ps(xd + m * K + c * 32), even));
-        acc[m] = _mm512_fmadd_ps(t, f, acc[m]);
+    if constexpr (Products::kChunks) {
+      for (std::int64_t c = blocks * 4; c < K / 32; ++c) {
+        const __m512 chunk_factors = RowFactors<kE4M3Values>(sc, groups, c * 32 / kGroup, w.spec);
+        const __m512 f = kNv ? _mm512_permutexvar_ps(_mm512_load_si512(kSpread.nvfp4_chunk), chunk_factors)
+                             : _mm512_permutexvar_ps(_mm512_setzero_si512(), chunk_factors);
+        products.Chunk(c, p, sums);
+        for (int m = 0; m < kM; ++m) acc[m] = _mm512_fmadd_ps(sums[m], f, acc[m]);
       }
     }
     for (int m = 0; m < kM; ++m) {
-      const float v = kE4M3Values ? _mm512_reduce_add_ps(acc[m]) * row_factor : _mm512_reduce_add_ps(acc[m]);
+      float v = _mm512_reduce_add_ps(acc[m]);
+      if constexpr (kE4M3Values) v *= row_factor;
       y[m * N + n] = bias ? v + bias[n] : v;
     }
   }
 }
 
+// Float32 x laid out by DeinterleavedIndex (kM rows, row stride K): the values are looked up as
+// float32 and multiplied by x with FMAs.
+template <int kM_>
+struct Fp32Products {
+  static constexpr int kM = kM_;
+  static constexpr bool kChunks = true;
+  static constexpr auto kCodeHint = _MM_HINT_T0;
+  const float* xd;
+  std::int64_t K;
+  __m512 table = _mm512_load_ps(numerics::kE2M1Values);
+
+  HWY_INLINE void Block(std::int64_t b, __m512i codes, __m512 (&sums)[kM]) const {
+    // Two partial sums per row of x halve the FMA dependency chain of a block.
+    __m512 t0[kM], t1[kM];
+    auto step = [&](auto j) HWY_ATTR {
+      constexpr int kJ = decltype(j)::value;
+      const __m512 v = _mm512_permutexvar_ps(kJ ? _mm512_srli_epi32(codes, 4 * kJ) : codes, table);
+      for (int m = 0; m < kM; ++m) {
+        const __m512 xj = _mm512_load_ps(xd + m * K + b * 128 + 16 * kJ);
+        __m512& t = kJ % 2 ? t1[m] : t0[m];
+        t = kJ < 2 ? _mm512_mul_ps(xj, v) : _mm512_fmadd_ps(xj, v, t);
+      }
+    };
+    step(std::integral_constant<int, 0>{}), step(std::integral_constant<int, 1>{});
+    step(std::integral_constant<int, 2>{}), step(std::integral_constant<int, 3>{});
+    step(std::integral_constant<int, 4>{}), step(std::integral_constant<int, 5>{});
+    step(std::integral_constant<int, 6>{}), step(std::integral_constant<int, 7>{});
+    for (int m = 0; m < kM; ++m) sums[m] = _mm512_add_ps(t0[m], t1[m]);
+  }
+
+  // The 32-value chunk c of a row whose codes start at p (K not a multiple of 128).
+  HWY_INLINE void Chunk(std::int64_t c, const std::uint8_t* p, __m512 (&sums)[kM]) const {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * 16)));
+    const __m512 even = _mm512_permutexvar_ps(bytes, table);
+    const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+    for (int m = 0; m < kM; ++m)
+      sums[m] = _mm512_fmadd_ps(_mm512_load_ps(xd + m * K + c * 32 + 16), odd,
+                                _mm512_mul_ps(_mm512_load_ps(xd + m * K + c * 32), even));
+  }
+};
+
+template <int kM, bool kNv, bool kE4M3Values>
+void GemvRowsFp4Avx512(const float* xd, const QuantizedMatrix& w, float row_factor, std::int64_t n0, std::int64_t n1,
+                       const float* bias, float* y) {
+  Fp4Rows<kNv, kE4M3Values>(Fp32Products<kM>{xd, w.cols}, w, row_factor, n0, n1, bias, y);
+}
+
 // bfloat16 activations on AVX512_BF16 CPUs (Zen 4, Sapphire Rapids): when every x is a bfloat16
 // value (its low 16 bits zero, as for activations that came as bfloat16), vdpbf16ps multiplies
 // pairs of x by pairs of E2M1 values looked up as bfloat16: 3 word shifts and 4 vpermw per 128
-// weights where the float32 path takes 7 shifts and 8 vpermps. Each product is exact and the lane
-// sums are the float32 path's. The instruction reads subnormal inputs as 0 and flushes subnormal
-// sums to 0, so it is taken only where every nonzero |x| is at least 2^-118 (and finite): x is then
-// a multiple of 2^-125 and each value one of 2^-1, so every product and partial sum is a multiple
-// of 2^-126 and none is subnormal. K is a multiple of 128.
+// weights where the float32 path takes 7 shifts and 8 vpermps. Each product is exact and rounded
+// once into the lane's sum. The instruction reads subnormal inputs as 0 and flushes subnormal
+// sums to 0, so it is taken only where every nonzero |x| is at least 2^-118 (and finite): x is
+// then a multiple of 2^-125 and each value one of 2^-1, so every product and partial sum is a
+// multiple of 2^-126 and none is subnormal. K is a multiple of 128.
+
 // Whether the CPU has AVX512_BF16 (Highway's AVX3_DL target does not imply it).
 inline bool CpuHasAvx512Bf16() {
   static const bool has = [] {
@@ -747,51 +776,40 @@ inline std::int64_t Bf16PairIndex(std::int64_t k) {
 
 #if HWY_TARGET == HWY_AVX3_DL
 #define MICROSCALE_ATTR_BF16 __attribute__((target("avx512bf16")))
-// GemvRowsFp4Avx512 against bfloat16 pairs of x (Bf16PairIndex), K a multiple of 128.
+// bfloat16 x laid out by Bf16PairIndex (kM rows, row stride K, K a multiple of 128). Block is not
+// HWY_INLINE: GCC would refuse to force it into Fp4Rows, whose own target lacks avx512bf16; it
+// is inlined once Fp4Rows is, into GemvRowsFp4Bf16.
+template <int kM_>
+struct Bf16Products {
+  static constexpr int kM = kM_;
+  static constexpr bool kChunks = false;
+  // Cold rows ran 1.14-1.16 ms here against 1.27-1.30 with prefetcht0 (the float32 path: no change).
+  static constexpr auto kCodeHint = _MM_HINT_T1;
+  const std::uint16_t* xb;
+  std::int64_t K;
+  __m512i table = _mm512_load_si512(kBf16E2M1.words);
+
+  MICROSCALE_ATTR_BF16 void Block(std::int64_t b, __m512i codes, __m512 (&sums)[kM]) const {
+    const __m512bh v0 = (__m512bh)_mm512_permutexvar_epi16(codes, table);
+    const __m512bh v1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
+    const __m512bh v2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 8), table);
+    const __m512bh v3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 12), table);
+    for (int m = 0; m < kM; ++m) {
+      const std::uint16_t* xm = xb + m * K + b * 128;
+      auto x_vec = [&](int j) HWY_ATTR MICROSCALE_ATTR_BF16 { return (__m512bh)_mm512_load_si512(xm + 32 * j); };
+      __m512 t0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v0, x_vec(0));
+      __m512 t1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v1, x_vec(1));
+      t0 = _mm512_dpbf16_ps(t0, v2, x_vec(2));
+      t1 = _mm512_dpbf16_ps(t1, v3, x_vec(3));
+      sums[m] = _mm512_add_ps(t0, t1);
+    }
+  }
+};
+
 template <int kM, bool kNv, bool kE4M3Values>
 MICROSCALE_ATTR_BF16 void GemvRowsFp4Bf16(const std::uint16_t* xb, const QuantizedMatrix& w, float row_factor,
                                           std::int64_t n0, std::int64_t n1, const float* bias, float* y) {
-  constexpr std::int64_t kGroup = kNv ? numerics::kNvfp4Group : numerics::kMxGroup;
-  constexpr std::int64_t kBlocksPerFactors = kNv ? 2 : 4;
-  const std::int64_t K = w.cols, N = w.rows;
-  const std::int64_t groups = K / kGroup;
-  const std::int64_t blocks = K / 128;
-  const std::uint32_t(*spread)[16] = kNv ? kSpread.nvfp4 : kSpread.mx;
-  const __m512i table = _mm512_load_si512(kBf16E2M1.words);
-  for (std::int64_t n = n0; n < n1; ++n) {
-    const std::uint8_t* p = w.packed + n * (K / 2);
-    const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(w.scales) + n * groups;
-    __m512 acc[kM];
-    for (int m = 0; m < kM; ++m) acc[m] = _mm512_setzero_ps();
-    for (std::int64_t b0 = 0; b0 < blocks; b0 += kBlocksPerFactors) {
-      const __m512 factors = RowFactors<kE4M3Values>(sc, groups, b0 * 128 / kGroup, w.spec);
-      _mm_prefetch(reinterpret_cast<const char*>(sc + b0 * 128 / kGroup + 512), _MM_HINT_T0);
-      const std::int64_t b1 = std::min(blocks, b0 + kBlocksPerFactors);
-      for (std::int64_t b = b0; b < b1; ++b) {
-        const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[b - b0]), factors);
-        _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T1);
-        const __m512i codes = _mm512_loadu_si512(p + b * 64);
-        const __m512bh v0 = (__m512bh)_mm512_permutexvar_epi16(codes, table);
-        const __m512bh v1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
-        const __m512bh v2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 8), table);
-        const __m512bh v3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 12), table);
-        for (int m = 0; m < kM; ++m) {
-          const std::uint16_t* xm = xb + m * K + b * 128;
-          auto x_vec = [&](int j) HWY_ATTR MICROSCALE_ATTR_BF16 { return (__m512bh)_mm512_load_si512(xm + 32 * j); };
-          __m512 t0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v0, x_vec(0));
-          __m512 t1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v1, x_vec(1));
-          t0 = _mm512_dpbf16_ps(t0, v2, x_vec(2));
-          t1 = _mm512_dpbf16_ps(t1, v3, x_vec(3));
-          acc[m] = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), f, acc[m]);
-        }
-      }
-    }
-    for (int m = 0; m < kM; ++m) {
-      float v = _mm512_reduce_add_ps(acc[m]);
-      if constexpr (kE4M3Values) v *= row_factor;
-      y[m * N + n] = bias ? v + bias[n] : v;
-    }
-  }
+  Fp4Rows<kNv, kE4M3Values>(Bf16Products<kM>{xb, w.cols}, w, row_factor, n0, n1, bias, y);
 }
 #endif
 
@@ -824,9 +842,9 @@ inline void GemvFp4Avx512(const float* x, std::int64_t M, const QuantizedMatrix&
   // nvfp4 factors as E4M3 values, each row's sum times amax * C2688 (1 when two-level): two
   // multiplies and the NaN blend fewer per 16 groups. In exact arithmetic that is dequantize's
   // factor (val(s) * amax) * C2688; in float32 the two differ by three roundings at most (under
-  // 2^-22 relative per product, docs/numerics.md). Taken where neither form can overflow or lose bits to underflow:
-  // amax in [2^-64, 2^64] and every |x| <= 2^64 (all real checkpoints and activations), in thread chunks without a NaN
-  // scale code; elsewhere the exact factors.
+  // 2^-22 relative per product, docs/numerics.md). Taken where neither form can overflow or lose
+  // bits to underflow: amax in [2^-64, 2^64] and every |x| <= 2^64 (all real checkpoints and
+  // activations), in thread chunks without a NaN scale code; elsewhere the exact factors.
   const std::optional<float>& amax = w.spec.global_scale;
   const bool values = nv && x_moderate && (!amax || (*amax >= 0x1p-64f && *amax <= 0x1p64f));
   const float row_factor = amax ? *amax * f32_from_bits(kC2688Bits) : 1.0f;
