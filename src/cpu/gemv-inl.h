@@ -655,8 +655,9 @@ HWY_INLINE void Fp4Rows(const Products& products, const QuantizedMatrix& w, floa
       for (std::int64_t b = b0; b < b1; ++b) {
         const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[b - b0]), factors);
         // Software prefetch a few KB ahead: one core's hardware prefetch alone left the DRAM
-        // stream short of the two-thread bandwidth.
-        _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), Products::kCodeHint);
+        // stream short of the two-thread bandwidth. Into L2 only: cold GEMVs on Zen 4 ran 10-15%
+        // faster than with prefetcht0 once the compute was under the memory time (EXPERIMENTS.md).
+        _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T1);
         // Held opaque in a register: GCC would otherwise fold this load into each shift of the
         // codes, and Zen 4 issues one 512-bit load per cycle (with 8 of x per block, loads then
         // bound the float32 loop; in L2 this took it from 84.7 to 79.7 us, nvfp4 448 x 4096).
@@ -689,7 +690,6 @@ template <int kM_>
 struct Fp32Products {
   static constexpr int kM = kM_;
   static constexpr bool kChunks = true;
-  static constexpr auto kCodeHint = _MM_HINT_T0;
   const float* xd;
   std::int64_t K;
   __m512 table = _mm512_load_ps(numerics::kE2M1Values);
@@ -788,8 +788,6 @@ template <int kM_>
 struct Bf16Products {
   static constexpr int kM = kM_;
   static constexpr bool kChunks = false;
-  // Cold rows ran 1.14-1.16 ms here against 1.27-1.30 with prefetcht0 (the float32 path: no change).
-  static constexpr auto kCodeHint = _MM_HINT_T1;
   const std::uint16_t* xb;
   std::int64_t K;
   __m512i table = _mm512_load_si512(kBf16E2M1.words);
