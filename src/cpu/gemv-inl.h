@@ -655,8 +655,8 @@ HWY_INLINE void Fp4Rows(const Products& products, const QuantizedMatrix& w, floa
       for (std::int64_t b = b0; b < b1; ++b) {
         const __m512 f = _mm512_permutexvar_ps(_mm512_load_si512(spread[b - b0]), factors);
         // Software prefetch a few KB ahead: one core's hardware prefetch alone left the DRAM
-        // stream short of the two-thread bandwidth. Into L2 only: cold GEMVs on Zen 4 ran 10-15%
-        // faster than with prefetcht0 once the compute was under the memory time (EXPERIMENTS.md).
+        // stream short of the two-thread bandwidth. Into L2 only: cold GEMVs on Zen 4 ran 10-17%
+        // faster than with prefetcht0 once the compute came near the memory time (EXPERIMENTS.md).
         _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + 4096), _MM_HINT_T1);
         // Held opaque in a register: GCC would otherwise fold this load into each shift of the
         // codes, and Zen 4 issues one 512-bit load per cycle (with 8 of x per block, loads then
