@@ -334,8 +334,10 @@ HWY_INLINE void Nibble4RowPair(const std::uint8_t* codes0, const std::uint8_t* c
   VF a0 = hn::Zero(df), a1 = a0;  // the sums of row 0 and row 1
   const std::uint8_t* const end = codes0 + Kp / 2;
   for (const float* x = xd; codes0 != end; codes0 += kStepBytes, codes1 += kStepBytes, x += kStepWeights) {
-    hwy::Prefetch(codes0 + ahead);
-    hwy::Prefetch(codes1 + ahead);
+    // Into L2 only (locality 2): on Zen 4 cold mxfp4 and affine 4-bit ran 4-12% faster than with
+    // an L1 prefetch, while nvfp4's Fp4Row ran 5-20% slower and keeps it.
+    __builtin_prefetch(codes0 + ahead, 0, 2);
+    __builtin_prefetch(codes1 + ahead, 0, 2);
     hn::Vec<D8> low0, high0, low1, high1;
     Nibbles(codes0, low0, high0);
     Nibbles(codes1, low1, high1);
@@ -452,8 +454,8 @@ HWY_INLINE void Affine4Row(const std::uint8_t* codes, const float* scales, std::
   VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   hn::Vec<D8> low, high;
   Nibbles(codes, low, high);
-  for (std::int64_t s = 0;; s += kStep) {  // the next step's nibbles ahead, as in Fp4Row
-    hwy::Prefetch(codes + s / 2 + 2048);
+  for (std::int64_t s = 0;; s += kStep) {            // the next step's nibbles ahead, as in Fp4Row
+    __builtin_prefetch(codes + s / 2 + 2048, 0, 2);  // into L2, as in Nibble4RowPair
     hn::Vec<D8> next_low = low, next_high = high;
     if (s + kStep != Kp) Nibbles(codes + (s + kStep) / 2, next_low, next_high);
     const auto factor = [&](std::size_t) HWY_ATTR { return AffineStepFactors(scales, s, log2_gs); };
